@@ -80,9 +80,10 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text) {
   if (text == "auto") return DefaultDevice();
   if (text == "cpu") return Device::Cpu();
   if (text == "cuda") return Device::Cuda(0);
-  if (absl::ConsumePrefix(&text, "cuda:")) {
+  absl::string_view ordinal_text = text;  // `text` stays whole for the error message
+  if (absl::ConsumePrefix(&ordinal_text, "cuda:")) {
     int ordinal = 0;
-    if (absl::SimpleAtoi(text, &ordinal) && ordinal >= 0) return Device::Cuda(ordinal);
+    if (absl::SimpleAtoi(ordinal_text, &ordinal) && ordinal >= 0) return Device::Cuda(ordinal);
   }
   return InvalidArgument("device must be auto, cpu, cuda or cuda:N, got '", text, "'");
 }

@@ -44,9 +44,11 @@ LOSSRT_HOST_DEVICE Philox4 Philox4x32(uint64_t index, uint64_t seed) {
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// A float in (0, 1) from 24 random bits; exact, so identical on host and device.
-LOSSRT_HOST_DEVICE float UniformFromBits(uint32_t bits) {
-  return (static_cast<float>(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
+// A number in (0, 1) from 24 random bits: (k + 0.5) / 2^24 for the top 24 bits k. In double,
+// where it is exact (float cannot hold k + 0.5 once k >= 2^23, and rounded the largest draw
+// to 1), so identical on host and device.
+LOSSRT_HOST_DEVICE double UniformFromBits(uint32_t bits) {
+  return (static_cast<double>(bits >> 8) + 0.5) * (1.0 / 16777216.0);
 }
 
 // An integer in [0, n) from 32 random bits (multiply-shift; bias below 2^-32 * n).

@@ -26,10 +26,23 @@ template <>
 __device__ __forceinline__ int64_t FromDouble<int64_t>(double value) { return static_cast<int64_t>(value); }
 
 template <typename T>
+__device__ __forceinline__ double ToDouble(T value) { return static_cast<double>(value); }
+template <>
+__device__ __forceinline__ double ToDouble<__nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <>
+__device__ __forceinline__ double ToDouble<__half>(__half value) { return __half2float(value); }
+
+template <typename T>
 __global__ void FillRandomKernel(T* data, int64_t count, RandomParams params) {
+  const bool uniform = params.kind == RandomKind::kUniform;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    data[i] = FromDouble<T>(RandomValue(params, static_cast<uint64_t>(i)));
+    T value = FromDouble<T>(RandomValue(params, static_cast<uint64_t>(i)));
+    // Keep uniform draws below b after rounding to T, as the host fill does.
+    if (uniform && ToDouble(value) >= params.b) value = FromDouble<T>(params.below_b);
+    data[i] = value;
   }
 }
 

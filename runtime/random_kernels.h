@@ -16,6 +16,9 @@ struct RandomParams {
   uint64_t seed;
   double a;  // uniform: low;  normal: mean;   int: low
   double b;  // uniform: high; normal: stddev; int: high
+  // Uniform only: the largest value of the tensor's dtype below b. A draw that rounds to b
+  // or above in the dtype (near b, rounding to float or a 16-bit type may go up) becomes it.
+  double below_b = 0.0;
 };
 
 // The value of element `index`, in double: ints are exact, floats are rounded by the caller.
@@ -23,7 +26,7 @@ LOSSRT_HOST_DEVICE double RandomValue(const RandomParams& params, uint64_t index
   const Philox4 r = Philox4x32(index, params.seed);
   switch (params.kind) {
     case RandomKind::kUniform:
-      return params.a + (params.b - params.a) * static_cast<double>(UniformFromBits(r.v[0]));
+      return params.a + (params.b - params.a) * UniformFromBits(r.v[0]);
     case RandomKind::kNormal: {
       const double u1 = UniformFromBits(r.v[0]);
       const double u2 = UniformFromBits(r.v[1]);
