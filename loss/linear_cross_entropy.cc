@@ -1,0 +1,716 @@
+// The linear cross-entropy's driver: argument checks, the plan (which schedule,
+// how large the chunks, where each temporary lives in the one workspace block),
+// and the loop over blocks that the CPU or CUDA backend runs.
+#include "loss/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/linear_cross_entropy_internal.h"
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace lce {
+namespace {
+
+constexpr int64_t kAlignment = 256;
+constexpr int64_t kMiB = int64_t{1} << 20;
+// The most of the context's cuBLASLt workspace a call uses (out of its budget):
+// enough for the split-K and stream-K kernels of these shapes, small next to a
+// logits chunk.
+constexpr int64_t kGemmWorkspaceBytes = 16 * kMiB;
+
+int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+int64_t RoundDown(int64_t value, int64_t multiple) {
+  return value / multiple * multiple;
+}
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What the runtime allocator hands out (and counts) for a request of `bytes`:
+// small blocks round to 256 B, large ones to 2 MiB (runtime/allocator.cc).
+int64_t AllocatedBytes(int64_t bytes) {
+  return RoundUp(bytes, bytes < kMiB ? kAlignment : 2 * kMiB);
+}
+
+// The largest request whose allocation fits in `bytes`.
+int64_t LargestRequest(int64_t bytes) {
+  if (bytes >= 2 * kMiB) return RoundDown(bytes, 2 * kMiB);
+  return std::min(RoundDown(bytes, kAlignment), kMiB - kAlignment);
+}
+
+std::string Bytes(int64_t bytes) {
+  if (bytes >= kMiB)
+    return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / kMiB);
+  return absl::StrCat(bytes, " B");
+}
+
+// Sub-buffers of the workspace block, each 256-byte aligned.
+class Layout {
+ public:
+  int64_t Add(int64_t bytes) {
+    const int64_t offset = size_;
+    size_ += RoundUp(bytes, kAlignment);
+    return offset;
+  }
+  int64_t AddIf(bool needed, int64_t bytes) { return needed ? Add(bytes) : -1; }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+// Rough H200 rates for choosing between schedules (only their ratios matter).
+struct Rates {
+  double flops;
+  double bytes_per_second = 3.8e12;
+  double launch_seconds = 6e-6;
+};
+
+Rates RatesFor(const PlanInput& in) {
+  Rates rates;
+  if (in.operand_type != DType::kF32) {
+    rates.flops = 6.6e14;
+  } else {
+    rates.flops = in.use_tf32 ? 3.8e14 : 5.0e13;
+  }
+  return rates;
+}
+
+// A GEMM over `token_rows` tokens: compute- or memory-bound, with the token
+// dimension padded to the 128-row tiles of the GEMM kernels.
+double GemmSeconds(const Rates& rates, int64_t token_rows, double flops,
+                   double bytes) {
+  const double efficiency = static_cast<double>(token_rows) /
+                            static_cast<double>(RoundUp(token_rows, 128));
+  return std::max(flops / (rates.flops * efficiency),
+                  bytes / rates.bytes_per_second) +
+         rates.launch_seconds;
+}
+
+struct Costs {
+  double e;       // operand bytes
+  double ge;      // dlogits bytes
+  double dh;      // d_hidden bytes
+  double dw;      // d_weight bytes as written by the GEMM
+  double hidden;  // H
+  double vocab;   // V
+  double
+      ce_fraction;  // share of the cross-entropy time not hidden behind GEMMs
+};
+
+// A token chunk of c rows over the whole vocabulary.
+double TokenChunkSeconds(const PlanInput& in, const Rates& r, const Costs& k,
+                         int64_t c, bool d_weight, bool first) {
+  const double rows = static_cast<double>(c);
+  const double flops = 2.0 * rows * k.vocab * k.hidden;
+  const double vh = k.vocab * k.hidden;
+  double seconds = GemmSeconds(
+      r, c, flops, k.e * (vh + rows * k.hidden) + 4 * rows * k.vocab);
+  if (in.pass == Pass::kForward) {
+    return seconds + 4 * rows * k.vocab / r.bytes_per_second + r.launch_seconds;
+  }
+  seconds += k.ce_fraction * (4 + k.ge) * rows * k.vocab / r.bytes_per_second;
+  seconds += GemmSeconds(
+      r, c, flops, k.e * vh + k.ge * rows * k.vocab + k.dh * rows * k.hidden);
+  if (d_weight) {
+    seconds += GemmSeconds(
+        r, c, flops,
+        k.e * rows * k.hidden + k.ge * rows * k.vocab + (first ? 4 : 8) * vh);
+  }
+  return seconds;
+}
+
+// A vocabulary slice of v columns over all tokens (two-pass schedule).
+double SliceSeconds(const PlanInput& in, const Rates& r, const Costs& k,
+                    int64_t v) {
+  const double n = static_cast<double>(in.tokens);
+  const double cols = static_cast<double>(v);
+  const double flops = 2.0 * n * cols * k.hidden;
+  double seconds =
+      GemmSeconds(r, in.tokens, flops,
+                  k.e * (n * k.hidden + cols * k.hidden) + 4 * n * cols);
+  seconds += k.ce_fraction * (4 + k.ge) * n * cols / r.bytes_per_second;
+  seconds += GemmSeconds(
+      r, in.tokens, flops,
+      k.e * n * k.hidden + k.ge * n * cols + k.dw * cols * k.hidden);
+  return seconds;
+}
+
+// Rows per token chunk: as many as fit, balanced over the chunks and rounded to
+// GEMM tiles.
+int64_t ChunkRows(int64_t tokens, int64_t max_rows) {
+  if (tokens == 0) return 0;
+  max_rows = std::min(max_rows, tokens);
+  const int64_t chunks = CeilDiv(tokens, max_rows);
+  const int64_t balanced = CeilDiv(tokens, chunks);
+  return max_rows >= 64 ? std::min(max_rows, RoundUp(balanced, 64)) : balanced;
+}
+
+struct Candidate {
+  bool feasible = false;
+  Plan plan;
+};
+
+Candidate PlanSchedule(const PlanInput& in,
+                       LinearCrossEntropySchedule schedule) {
+  const bool token_chunks =
+      schedule == LinearCrossEntropySchedule::kTokenChunks;
+  const bool backward = in.pass != Pass::kForward;
+  const int64_t n = in.tokens;
+  const int64_t v = in.vocab;
+  const int64_t e = DTypeSize(in.operand_type);
+  Candidate out;
+  Plan& plan = out.plan;
+  plan.schedule = schedule;
+  plan.chunk_ld = RoundUp(v, 8);
+  plan.gemm_workspace_bytes =
+      in.device == DeviceKind::kCuda
+          ? std::min<int64_t>(
+                kGemmWorkspaceBytes,
+                RoundDown(in.max_workspace_bytes / 16, kAlignment))
+          : 0;
+
+  // Everything but the logits buffer, which comes first.
+  Layout fixed;
+  plan.stats_offset = fixed.Add(sizeof(ce::TargetStats));
+  plan.row_loss_offset =
+      fixed.AddIf(in.pass != Pass::kBackward && !in.reduction_none, 4 * n);
+  plan.lse_offset = fixed.AddIf(
+      !in.lse_given && !token_chunks && in.pass == Pass::kForwardBackward,
+      4 * n);
+  plan.grad_scale_offset =
+      fixed.AddIf(in.operand_type == DType::kF16 && backward,
+                  4 * (in.reduction_none ? n : 1));
+  plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
+  plan.ones_offset = fixed.AddIf(
+      in.has_bias && backward && in.device == DeviceKind::kCuda, e * n);
+  plan.d_bias_acc_offset = fixed.AddIf(
+      in.has_bias && backward && !in.d_bias_f32 && token_chunks, 4 * v);
+  plan.d_weight_acc_offset =
+      fixed.AddIf(backward && in.d_weight_type != DType::kF32 && token_chunks,
+                  4 * v * in.hidden);
+
+  // The logits buffer: a chunk of full rows, and (two-pass) a slice of all
+  // tokens.
+  const int64_t min_logits =
+      4 * (token_chunks ? plan.chunk_ld : std::max(plan.chunk_ld, 8 * n));
+  const int64_t room =
+      LargestRequest(in.max_workspace_bytes - plan.gemm_workspace_bytes) -
+      fixed.size();
+  if (n > 0 && room < min_logits) return out;
+  const int64_t buffer =
+      std::min(std::max<int64_t>(room, 0), 4 * n * plan.chunk_ld);
+  plan.chunk_rows = ChunkRows(n, buffer / (4 * plan.chunk_ld));
+  plan.num_chunks = n == 0 ? 0 : CeilDiv(n, plan.chunk_rows);
+  int64_t logits_floats = plan.chunk_rows * plan.chunk_ld;
+  if (!token_chunks && n > 0) {
+    const int64_t max_cols = buffer / (4 * n);
+    if (max_cols >= plan.chunk_ld) {
+      plan.slice_cols = v;
+      plan.slice_ld = plan.chunk_ld;
+    } else {
+      // Slices of whole GEMM tiles when they are large; 8 columns keep rows
+      // 32-byte aligned.
+      const int64_t granule = max_cols >= 256 ? 128 : 8;
+      const int64_t cols = RoundDown(max_cols, granule);
+      plan.slice_cols =
+          std::min(cols, RoundUp(CeilDiv(v, CeilDiv(v, cols)), granule));
+      plan.slice_ld = plan.slice_cols;
+    }
+    plan.num_slices = CeilDiv(v, plan.slice_cols);
+    logits_floats = std::max(logits_floats, n * plan.slice_ld);
+  }
+  plan.logits_offset = 0;
+  plan.logits_bytes = 4 * logits_floats;
+  const int64_t fixed_begin = RoundUp(plan.logits_bytes, kAlignment);
+  for (int64_t* offset :
+       {&plan.stats_offset, &plan.row_loss_offset, &plan.lse_offset,
+        &plan.grad_scale_offset, &plan.bias_offset, &plan.ones_offset,
+        &plan.d_bias_acc_offset, &plan.d_weight_acc_offset}) {
+    if (*offset >= 0) *offset += fixed_begin;
+  }
+  plan.block_bytes = fixed_begin + fixed.size();
+  plan.total_bytes =
+      AllocatedBytes(plan.block_bytes) + plan.gemm_workspace_bytes;
+  out.feasible = plan.total_bytes <= in.max_workspace_bytes;
+
+  // Cost estimate.
+  const Rates rates = RatesFor(in);
+  Costs costs;
+  costs.e = static_cast<double>(e);
+  costs.ge = static_cast<double>(e);  // dlogits in the operand dtype
+  costs.dh = static_cast<double>(DTypeSize(in.d_hidden_type));
+  costs.dw = static_cast<double>(DTypeSize(in.d_weight_type));
+  costs.hidden = static_cast<double>(in.hidden);
+  costs.vocab = static_cast<double>(v);
+  costs.ce_fraction =
+      in.overlap_streams && in.device == DeviceKind::kCuda ? 0.35 : 1.0;
+  // The first chunk, the full ones after it and the last (the same for slices).
+  double seconds = 0;
+  if (plan.num_chunks > 0) {
+    const int64_t last = n - (plan.num_chunks - 1) * plan.chunk_rows;
+    seconds += TokenChunkSeconds(in, rates, costs,
+                                 plan.num_chunks == 1 ? last : plan.chunk_rows,
+                                 token_chunks, true);
+    if (plan.num_chunks > 2) {
+      seconds += (plan.num_chunks - 2) * TokenChunkSeconds(in, rates, costs,
+                                                           plan.chunk_rows,
+                                                           token_chunks, false);
+    }
+    if (plan.num_chunks > 1)
+      seconds += TokenChunkSeconds(in, rates, costs, last, token_chunks, false);
+  }
+  if (plan.num_slices > 0) {
+    const int64_t last = v - (plan.num_slices - 1) * plan.slice_cols;
+    seconds += (plan.num_slices - 1) *
+                   SliceSeconds(in, rates, costs, plan.slice_cols) +
+               SliceSeconds(in, rates, costs, last);
+  }
+  if (plan.d_weight_acc_offset >= 0) {
+    seconds += 6.0 * v * in.hidden /
+               rates.bytes_per_second;  // the final rounding pass
+  }
+  plan.estimated_seconds = seconds;
+  return out;
+}
+
+const char* ScheduleName(LinearCrossEntropySchedule schedule) {
+  switch (schedule) {
+    case LinearCrossEntropySchedule::kAuto:
+      return "auto";
+    case LinearCrossEntropySchedule::kTokenChunks:
+      return "token chunks";
+    case LinearCrossEntropySchedule::kTwoPass:
+      return "two-pass";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string Plan::ToString() const {
+  std::string text = absl::StrCat(ScheduleName(schedule), ": ", num_chunks,
+                                  " x ", chunk_rows, " tokens");
+  if (schedule == LinearCrossEntropySchedule::kTwoPass) {
+    absl::StrAppend(&text, ", ", num_slices, " x ", slice_cols, " vocab");
+  }
+  absl::StrAppend(&text, "; workspace ", Bytes(total_bytes), " (logits ",
+                  Bytes(logits_bytes),
+                  d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "", ")");
+  return text;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
+  if (input.max_workspace_bytes <= 0) {
+    return InvalidArgument("max_workspace_bytes must be positive, got ",
+                           input.max_workspace_bytes);
+  }
+  std::vector<LinearCrossEntropySchedule> schedules;
+  if (input.pass == Pass::kForward || input.tokens == 0) {
+    schedules = {LinearCrossEntropySchedule::kTokenChunks};
+  } else if (input.schedule == LinearCrossEntropySchedule::kAuto) {
+    schedules = {LinearCrossEntropySchedule::kTokenChunks,
+                 LinearCrossEntropySchedule::kTwoPass};
+  } else {
+    schedules = {input.schedule};
+  }
+  Candidate best;
+  for (LinearCrossEntropySchedule schedule : schedules) {
+    Candidate candidate = PlanSchedule(input, schedule);
+    if (candidate.feasible &&
+        (!best.feasible ||
+         candidate.plan.estimated_seconds < best.plan.estimated_seconds)) {
+      best = candidate;
+    }
+  }
+  if (!best.feasible) {
+    // The smallest budget that fits (feasibility grows with the budget):
+    // bisection.
+    auto fits = [&](int64_t budget) {
+      PlanInput larger = input;
+      larger.max_workspace_bytes = budget;
+      for (LinearCrossEntropySchedule schedule : schedules) {
+        if (PlanSchedule(larger, schedule).feasible) return true;
+      }
+      return false;
+    };
+    int64_t low = input.max_workspace_bytes;
+    int64_t high = std::max<int64_t>(2 * low, 4096);
+    while (!fits(high) && high < (int64_t{1} << 60)) high *= 2;
+    while (high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      (fits(middle) ? high : low) = middle;
+    }
+    const int64_t needed = high;
+    return InvalidArgument(
+        "max_workspace_bytes = ", input.max_workspace_bytes,
+        " is too small for one chunk of this problem (N = ", input.tokens,
+        ", H = ", input.hidden, ", V = ", input.vocab,
+        schedules.size() == 1 ? absl::StrCat(", ", ScheduleName(schedules[0]))
+                              : "",
+        "): it needs at least ", needed, " bytes");
+  }
+  return best.plan;
+}
+
+std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
+  std::vector<Block> blocks;
+  const bool backward = input.pass != Pass::kForward;
+  const bool two_pass = plan.schedule == LinearCrossEntropySchedule::kTwoPass;
+  const CeMode mode = input.pass == Pass::kForward ? CeMode::kForward
+                      : input.pass == Pass::kForwardBackward
+                          ? CeMode::kForwardBackward
+                          : CeMode::kBackward;
+  for (int64_t c = 0; c < plan.num_chunks; ++c) {
+    Block block;
+    block.row_begin = c * plan.chunk_rows;
+    block.row_end = std::min(input.tokens, block.row_begin + plan.chunk_rows);
+    block.col_begin = 0;
+    block.col_end = input.vocab;
+    block.ld = plan.chunk_ld;
+    block.mode = mode;
+    block.d_hidden = backward;
+    block.d_weight = backward && !two_pass;
+    block.accumulate = c > 0;
+    blocks.push_back(block);
+  }
+  if (backward && two_pass) {
+    for (int64_t s = 0; s < plan.num_slices; ++s) {
+      Block block;
+      block.row_begin = 0;
+      block.row_end = input.tokens;
+      block.col_begin = s * plan.slice_cols;
+      block.col_end = std::min(input.vocab, block.col_begin + plan.slice_cols);
+      block.ld = plan.slice_ld;
+      block.mode = CeMode::kSliceBackward;
+      block.d_weight = true;
+      blocks.push_back(block);
+    }
+  }
+  return blocks;
+}
+
+PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
+  const LinearCrossEntropyOptions& options = *problem.options;
+  PlanInput in;
+  in.pass = problem.pass;
+  in.device = device;
+  in.tokens = problem.tokens;
+  in.hidden = problem.hidden;
+  in.vocab = problem.vocab;
+  in.operand_type = problem.operand_type();
+  if (problem.gradients != nullptr) {
+    in.d_hidden_type = problem.gradients->d_hidden.dtype;
+    in.d_weight_type = problem.gradients->d_weight.dtype;
+    in.d_bias_f32 = !problem.gradients->d_bias.has_value() ||
+                    problem.gradients->d_bias->dtype == DType::kF32;
+  }
+  in.has_bias = problem.has_bias();
+  in.bias_f32 = !in.has_bias || problem.inputs->bias->dtype == DType::kF32;
+  in.reduction_none = options.cross_entropy.reduction == Reduction::kNone;
+  in.lse_given = problem.lse != nullptr;
+  in.max_workspace_bytes = options.max_workspace_bytes;
+  in.use_tf32 = options.use_tf32;
+  in.overlap_streams = options.overlap_streams;
+  in.schedule = options.schedule;
+  return in;
+}
+
+absl::Status CheckTargetStats(const ce::TargetStats& stats,
+                              const CrossEntropyOptions& options,
+                              int64_t tokens, int64_t vocab) {
+  if (stats.negative_weights > 0) {
+    return InvalidArgument("class_weights: ", stats.negative_weights,
+                           " weights are negative or NaN");
+  }
+  if (options.validate_targets && stats.invalid > 0) {
+    return InvalidArgument(
+        "targets: ", stats.invalid, " of ", tokens, " are outside [0, ", vocab,
+        ") and not ignore_index (", options.ignore_index, ")");
+  }
+  return absl::OkStatus();
+}
+
+float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
+  if (operand_type != DType::kF16 || reduction != ce::kMean ||
+      !(ce_denominator > 1))
+    return 1;
+  // The largest power of two <= the denominator, so that scaled dlogits stay <=
+  // the incoming gradient times the class weight.
+  int exponent = 0;
+  std::frexp(ce_denominator, &exponent);
+  return std::ldexp(1.0f, std::min(exponent - 1, 30));
+}
+
+namespace {
+
+absl::Status CheckTensor(const Tensor& tensor, const Context& context,
+                         absl::string_view name) {
+  if (tensor.device != context.device()) {
+    return InvalidArgument(name, ": on ", tensor.device.ToString(),
+                           ", but the context is on ",
+                           context.device().ToString());
+  }
+  if (tensor.numel() > 0 && tensor.data == nullptr)
+    return InvalidArgument(name, ": null data");
+  if (tensor.rank() >= 2 && tensor.row_stride != 0 &&
+      tensor.row_stride < tensor.row_elements()) {
+    return InvalidArgument(name, ": row_stride ", tensor.row_stride,
+                           " < row length ", tensor.row_elements());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFinite(float value, float low, bool high_open, float high,
+                         absl::string_view name) {
+  if (!(std::isfinite(value) && value >= low &&
+        (high_open ? value < high : value <= high))) {
+    return InvalidArgument(name, " must be in [", low, ", ", high,
+                           high_open ? ")" : "]", ", got ", value);
+  }
+  return absl::OkStatus();
+}
+
+// Inputs and options of every call; sets the sizes in `problem`.
+absl::Status CheckInputs(const Context& context, Problem& problem) {
+  const LinearCrossEntropyInputs& in = *problem.inputs;
+  const CrossEntropyOptions& ce = problem.options->cross_entropy;
+  if (in.hidden.rank() != 2)
+    return InvalidArgument("hidden: expected [N, H], got ",
+                           in.hidden.ShapeString());
+  if (in.weight.rank() != 2)
+    return InvalidArgument("weight: expected [V, H], got ",
+                           in.weight.ShapeString());
+  problem.tokens = in.hidden.dim(0);
+  problem.hidden = in.hidden.dim(1);
+  problem.vocab = in.weight.dim(0);
+  const int64_t n = problem.tokens;
+  const int64_t v = problem.vocab;
+  if (problem.hidden < 1 || v < 1) {
+    return InvalidArgument(
+        "hidden size and vocabulary must be positive, got H = ", problem.hidden,
+        ", V = ", v);
+  }
+  RETURN_IF_ERROR(CheckDType(
+      in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
+  RETURN_IF_ERROR(CheckShape(in.weight, {v, problem.hidden}, "weight"));
+  if (in.weight.dtype != in.hidden.dtype) {
+    return InvalidArgument("weight: dtype ", DTypeName(in.weight.dtype),
+                           " differs from hidden's ",
+                           DTypeName(in.hidden.dtype));
+  }
+  RETURN_IF_ERROR(CheckShape(in.targets, {n}, "targets"));
+  RETURN_IF_ERROR(
+      CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
+  RETURN_IF_ERROR(CheckTensor(in.hidden, context, "hidden"));
+  RETURN_IF_ERROR(CheckTensor(in.weight, context, "weight"));
+  RETURN_IF_ERROR(CheckTensor(in.targets, context, "targets"));
+  if (in.bias.has_value()) {
+    RETURN_IF_ERROR(CheckShape(*in.bias, {v}, "bias"));
+    RETURN_IF_ERROR(
+        CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
+    RETURN_IF_ERROR(CheckTensor(*in.bias, context, "bias"));
+  }
+  if (ce.class_weights.has_value()) {
+    RETURN_IF_ERROR(CheckShape(*ce.class_weights, {v}, "class_weights"));
+    RETURN_IF_ERROR(
+        CheckDType(*ce.class_weights, {DType::kF32}, "class_weights"));
+    RETURN_IF_ERROR(CheckTensor(*ce.class_weights, context, "class_weights"));
+  }
+  RETURN_IF_ERROR(
+      CheckFinite(ce.label_smoothing, 0.0f, true, 1.0f, "label_smoothing"));
+  const float inf = std::numeric_limits<float>::max();
+  RETURN_IF_ERROR(CheckFinite(ce.z_loss, 0.0f, false, inf, "z_loss"));
+  RETURN_IF_ERROR(CheckFinite(ce.softcap, 0.0f, false, inf, "softcap"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckFloatVector(const Tensor& tensor, bool per_token,
+                              int64_t tokens, const Context& context,
+                              absl::string_view name) {
+  RETURN_IF_ERROR(per_token ? CheckShape(tensor, {tokens}, name)
+                            : CheckShape(tensor, Shape{}, name));
+  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, name));
+  return CheckTensor(tensor, context, name);
+}
+
+absl::Status CheckGradients(const Context& context, const Problem& problem) {
+  const LinearCrossEntropyInputs& in = *problem.inputs;
+  const LinearCrossEntropyGradients& g = *problem.gradients;
+  RETURN_IF_ERROR(
+      CheckShape(g.d_hidden, {problem.tokens, problem.hidden}, "d_hidden"));
+  RETURN_IF_ERROR(
+      CheckDType(g.d_hidden, {DType::kF32, in.hidden.dtype}, "d_hidden"));
+  RETURN_IF_ERROR(CheckTensor(g.d_hidden, context, "d_hidden"));
+  RETURN_IF_ERROR(
+      CheckShape(g.d_weight, {problem.vocab, problem.hidden}, "d_weight"));
+  RETURN_IF_ERROR(
+      CheckDType(g.d_weight, {DType::kF32, in.weight.dtype}, "d_weight"));
+  RETURN_IF_ERROR(CheckTensor(g.d_weight, context, "d_weight"));
+  if (in.bias.has_value() != g.d_bias.has_value()) {
+    return InvalidArgument(in.bias.has_value()
+                               ? "d_bias is required with a bias"
+                               : "d_bias given without a bias");
+  }
+  if (g.d_bias.has_value()) {
+    RETURN_IF_ERROR(CheckShape(*g.d_bias, {problem.vocab}, "d_bias"));
+    RETURN_IF_ERROR(
+        CheckDType(*g.d_bias, {DType::kF32, in.bias->dtype}, "d_bias"));
+    RETURN_IF_ERROR(CheckTensor(*g.d_bias, context, "d_bias"));
+  }
+  return absl::OkStatus();
+}
+
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (a.data == nullptr || b.data == nullptr) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
+}
+
+// Outputs may overlap neither an input nor each other.
+absl::Status CheckNoOverlap(const Problem& problem) {
+  using Named = std::pair<const Tensor*, const char*>;
+  const LinearCrossEntropyInputs& in = *problem.inputs;
+  const CrossEntropyOptions& ce = problem.options->cross_entropy;
+  std::vector<Named> inputs = {
+      {&in.hidden, "hidden"}, {&in.weight, "weight"}, {&in.targets, "targets"}};
+  std::vector<Named> outputs;
+  if (in.bias.has_value()) inputs.push_back({&*in.bias, "bias"});
+  if (ce.class_weights.has_value())
+    inputs.push_back({&*ce.class_weights, "class_weights"});
+  if (problem.grad_loss != nullptr)
+    inputs.push_back({problem.grad_loss, "grad_loss"});
+  if (problem.loss != nullptr) outputs.push_back({problem.loss, "loss"});
+  if (problem.lse != nullptr) {
+    (problem.pass == Pass::kBackward ? inputs : outputs)
+        .push_back({problem.lse, "lse"});
+  }
+  if (problem.gradients != nullptr) {
+    outputs.push_back({&problem.gradients->d_hidden, "d_hidden"});
+    outputs.push_back({&problem.gradients->d_weight, "d_weight"});
+    if (problem.gradients->d_bias.has_value()) {
+      outputs.push_back({&*problem.gradients->d_bias, "d_bias"});
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const Named& input : inputs) {
+      if (Overlaps(*outputs[i].first, *input.first)) {
+        return InvalidArgument(outputs[i].second, " overlaps the input ",
+                               input.second);
+      }
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(*outputs[i].first, *outputs[j].first)) {
+        return InvalidArgument(outputs[i].second, " overlaps ",
+                               outputs[j].second);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(Context& context, const Problem& problem) {
+  RETURN_IF_ERROR(CheckNoOverlap(problem));
+  const PlanInput input = PlanInputOf(problem, context.device().kind);
+  ASSIGN_OR_RETURN(const Plan plan, MakePlan(input));
+  std::unique_ptr<Backend> backend;
+  if (context.device().is_cpu()) {
+    ASSIGN_OR_RETURN(backend, MakeCpuBackend(problem, plan, context));
+  } else {
+#ifdef LOSSRT_WITH_CUDA
+    ASSIGN_OR_RETURN(backend, MakeCudaBackend(problem, plan, context));
+#else
+    return absl::UnavailableError(
+        "linear cross-entropy on a GPU: built without CUDA");
+#endif
+  }
+  RETURN_IF_ERROR(backend->Begin());
+  for (const Block& block : MakeBlocks(input, plan))
+    RETURN_IF_ERROR(backend->RunBlock(block));
+  return backend->End();
+}
+
+}  // namespace
+}  // namespace lce
+
+absl::Status LinearCrossEntropyForward(Context& context,
+                                       const LinearCrossEntropyInputs& inputs,
+                                       const LinearCrossEntropyOptions& options,
+                                       const Tensor& loss, const Tensor* lse) {
+  lce::Problem problem;
+  problem.pass = lce::Pass::kForward;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.loss = &loss;
+  problem.lse = lse;
+  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
+  const bool none = options.cross_entropy.reduction == Reduction::kNone;
+  RETURN_IF_ERROR(
+      lce::CheckFloatVector(loss, none, problem.tokens, context, "loss"));
+  if (lse != nullptr) {
+    RETURN_IF_ERROR(
+        lce::CheckFloatVector(*lse, true, problem.tokens, context, "lse"));
+  }
+  return lce::Run(context, problem);
+}
+
+absl::Status LinearCrossEntropyForwardBackward(
+    Context& context, const LinearCrossEntropyInputs& inputs,
+    const LinearCrossEntropyOptions& options, const Tensor& loss,
+    const Tensor* lse, const LinearCrossEntropyGradients& gradients,
+    const Tensor* grad_loss) {
+  lce::Problem problem;
+  problem.pass = lce::Pass::kForwardBackward;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.loss = &loss;
+  problem.lse = lse;
+  problem.grad_loss = grad_loss;
+  problem.gradients = &gradients;
+  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
+  const bool none = options.cross_entropy.reduction == Reduction::kNone;
+  RETURN_IF_ERROR(
+      lce::CheckFloatVector(loss, none, problem.tokens, context, "loss"));
+  if (lse != nullptr) {
+    RETURN_IF_ERROR(
+        lce::CheckFloatVector(*lse, true, problem.tokens, context, "lse"));
+  }
+  if (grad_loss != nullptr) {
+    RETURN_IF_ERROR(lce::CheckFloatVector(*grad_loss, none, problem.tokens,
+                                          context, "grad_loss"));
+  }
+  RETURN_IF_ERROR(lce::CheckGradients(context, problem));
+  return lce::Run(context, problem);
+}
+
+absl::Status LinearCrossEntropyBackward(
+    Context& context, const LinearCrossEntropyInputs& inputs, const Tensor& lse,
+    const Tensor& grad_loss, const LinearCrossEntropyOptions& options,
+    const LinearCrossEntropyGradients& gradients) {
+  lce::Problem problem;
+  problem.pass = lce::Pass::kBackward;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.lse = &lse;
+  problem.grad_loss = &grad_loss;
+  problem.gradients = &gradients;
+  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
+  const bool none = options.cross_entropy.reduction == Reduction::kNone;
+  RETURN_IF_ERROR(
+      lce::CheckFloatVector(lse, true, problem.tokens, context, "lse"));
+  RETURN_IF_ERROR(lce::CheckFloatVector(grad_loss, none, problem.tokens,
+                                        context, "grad_loss"));
+  RETURN_IF_ERROR(lce::CheckGradients(context, problem));
+  return lce::Run(context, problem);
+}
+
+}  // namespace lossrt

@@ -1,0 +1,116 @@
+// Linear cross-entropy: the language-model head's projection fused with the
+// cross-entropy, so that the [tokens, vocab] logits never exist in full. logits
+// = hidden @ weight^T (+ bias) is computed a bounded chunk at a time (fp32, by
+// cuBLASLt on a GPU, Eigen on the CPU), the cross-entropy kernels of
+// loss/cross_entropy.h run on each chunk, and the gradients of hidden, weight
+// and bias are accumulated in fp32 from the chunk's dlogits.
+//
+//   lossrt::LinearCrossEntropyOptions options;  // mean over non-ignored
+//   tokens, 1 GiB budget options.cross_entropy.label_smoothing = 0.1f;
+//   RETURN_IF_ERROR(lossrt::LinearCrossEntropyForwardBackward(
+//       *context, {hidden, weight, std::nullopt, targets}, options, loss,
+//       /*lse=*/nullptr, {d_hidden, d_weight, std::nullopt}));
+//
+// The loss and its options are exactly those of CrossEntropyForward on the full
+// logits (loss/cross_entropy.h), with logits[i, v] = sum_h hidden[i, h] *
+// weight[v, h] + bias[v].
+//
+// Tensors: hidden [N, H] and weight [V, H] of one dtype, f32, bf16 or f16 (rows
+// may be strided); bias [V] f32 or the weight's dtype; targets i64 or i32 [N];
+// loss f32 [] (mean, sum) or [N] (none); lse f32 [N]; grad_loss f32 [] or [N]
+// (none); d_hidden [N, H] in f32 or the hidden dtype; d_weight [V, H] in f32 or
+// the weight dtype; d_bias [V] in f32 or the bias dtype. All on the context's
+// device. Gradients are accumulated in fp32 and rounded once.
+//
+// Memory: every temporary of a call (logits chunk, fp32 accumulators, per-token
+// scratch and the share of the cuBLASLt workspace it uses) fits in
+// `max_workspace_bytes` and comes from the context's allocator. A call fails
+// with InvalidArgument, writing nothing, when its inputs are invalid (shapes,
+// dtypes, devices, null data, targets outside [0, V) that are not ignore_index)
+// or when the budget cannot hold a single chunk. Results are bitwise the same
+// from run to run for the same shapes, options and device.
+#ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
+#define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "loss/cross_entropy.h"
+#include "runtime/context.h"
+#include "runtime/tensor.h"
+
+namespace lossrt {
+
+// How the work is cut into chunks (kAuto picks the faster that fits the
+// budget).
+enum class LinearCrossEntropySchedule {
+  kAuto,
+  // Chunks of tokens with all of the vocabulary: one GEMM per chunk for each of
+  // logits, d_hidden and d_weight; d_weight accumulates over chunks (fp32
+  // read-modify-write per chunk).
+  kTokenChunks,
+  // A token-chunk pass (logits, cross-entropy, d_hidden) then a
+  // vocabulary-slice pass that recomputes each slice's logits over all tokens
+  // and writes its d_weight rows once: a fourth GEMM instead of d_weight
+  // traffic, and no fp32 accumulator. For small budgets.
+  kTwoPass,
+};
+
+struct LinearCrossEntropyOptions {
+  CrossEntropyOptions cross_entropy;
+  // Bound on all temporary memory of one call, in bytes.
+  int64_t max_workspace_bytes = int64_t{1} << 30;
+  // f32 operands: let the GEMMs use TF32 tensor cores (faster, about 1e-3
+  // relative error).
+  bool use_tf32 = false;
+  LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
+  // GPU: run the cross-entropy kernels on a second stream, concurrently with
+  // the GEMMs.
+  bool overlap_streams = true;
+};
+
+// The operands of a call.
+struct LinearCrossEntropyInputs {
+  Tensor hidden;               // [N, H]
+  Tensor weight;               // [V, H]
+  std::optional<Tensor> bias;  // [V]
+  Tensor targets;              // [N]
+};
+
+// Where the gradients go. d_bias is required exactly when the inputs have a
+// bias.
+struct LinearCrossEntropyGradients {
+  Tensor d_hidden;               // [N, H]
+  Tensor d_weight;               // [V, H]
+  std::optional<Tensor> d_bias;  // [V]
+};
+
+// Loss only (evaluation), and the per-token lse when `lse` is given (the split
+// forward saves it for LinearCrossEntropyBackward). One pass of logits GEMMs,
+// no gradients.
+absl::Status LinearCrossEntropyForward(Context& context,
+                                       const LinearCrossEntropyInputs& inputs,
+                                       const LinearCrossEntropyOptions& options,
+                                       const Tensor& loss,
+                                       const Tensor* lse = nullptr);
+
+// The training path: loss (and lse if given) and all gradients in one call.
+// `grad_loss` (optional) scales the gradients as in LinearCrossEntropyBackward.
+absl::Status LinearCrossEntropyForwardBackward(
+    Context& context, const LinearCrossEntropyInputs& inputs,
+    const LinearCrossEntropyOptions& options, const Tensor& loss,
+    const Tensor* lse, const LinearCrossEntropyGradients& gradients,
+    const Tensor* grad_loss = nullptr);
+
+// The split backward: gradients from the lse saved by LinearCrossEntropyForward
+// and the incoming gradient of the loss (f32 [] for mean/sum, [N] for none);
+// the logits are recomputed chunk by chunk.
+absl::Status LinearCrossEntropyBackward(
+    Context& context, const LinearCrossEntropyInputs& inputs, const Tensor& lse,
+    const Tensor& grad_loss, const LinearCrossEntropyOptions& options,
+    const LinearCrossEntropyGradients& gradients);
+
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_

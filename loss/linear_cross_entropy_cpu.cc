@@ -1,0 +1,449 @@
+// The CPU backend of the linear cross-entropy (Eigen, fp32), with the same plan
+// and blocks as the GPU: fp32 logits of a block, the cross-entropy CPU twins on
+// it (dlogits in place in the operand dtype, so they are rounded exactly as on
+// the GPU), then the gradient GEMMs in fp32. Also the CPU twins of the linear
+// cross-entropy's own kernels.
+//
+// Outside the workspace budget, the CPU keeps fp32 copies of 16-bit hidden and
+// weight (Eigen does not multiply bf16 at speed) and fp32 staging for 16-bit
+// gradient outputs.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "loss/cross_entropy_cpu.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/linear_cross_entropy_internal.h"
+#include "loss/linear_cross_entropy_kernels.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace lce {
+namespace {
+
+float LoadHost(const void* base, int type, int64_t i) {
+  switch (type) {
+    case ce::kBF16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    case ce::kF16:
+      return F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+void StoreHost(void* base, int type, int64_t i, float value) {
+  switch (type) {
+    case ce::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(value);
+      break;
+    case ce::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToF16Bits(value);
+      break;
+    default:
+      static_cast<float*>(base)[i] = value;
+  }
+}
+
+}  // namespace
+
+void SliceBackwardCpu(const SliceArgs& args) {
+  for (int64_t i = 0; i < args.rows; ++i) {
+    const SliceRow row = MakeSliceRow(args, i);
+    float* logits = args.logits + i * args.ld;
+    // In place and in increasing order: a 16-bit value j lands on bytes of
+    // logit j / 2, which has been read already.
+    for (int64_t j = 0; j < args.cols; ++j) {
+      StoreHost(logits, args.grad_type, j,
+                SliceGradient(args, row, logits[j], args.col_begin + j));
+    }
+  }
+}
+
+void ConvertCpu(const ConvertArgs& args) {
+  for (int64_t i = 0; i < args.rows; ++i) {
+    for (int64_t j = 0; j < args.cols; ++j) {
+      const float value = args.src == nullptr
+                              ? args.scale
+                              : args.scale * LoadHost(args.src, args.src_type,
+                                                      i * args.src_ld + j);
+      StoreHost(args.dst, args.dst_type, i * args.dst_ld + j, value);
+    }
+  }
+}
+
+namespace {
+
+using RowMajor =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMajor, 0, Eigen::OuterStride<>>;
+using ConstMatrixMap = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
+using RowVectorMap = Eigen::Map<Eigen::RowVectorXf>;
+
+// An fp32 matrix with strided rows: the caller's f32 tensor, or a converted
+// copy.
+struct FloatMatrix {
+  const float* data = nullptr;
+  int64_t ld = 0;
+  ConstMatrixMap Rows(int64_t begin, int64_t count, int64_t cols) const {
+    return ConstMatrixMap(data + begin * ld, count, cols,
+                          Eigen::OuterStride<>(ld));
+  }
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Problem& problem, const Plan& plan, Context& context)
+      : problem_(problem),
+        plan_(plan),
+        context_(context),
+        ce_(problem.options->cross_entropy),
+        operand_(problem.operand_type()) {}
+
+  absl::Status Begin() override;
+  absl::Status RunBlock(const Block& block) override;
+  absl::Status End() override;
+
+ private:
+  template <typename T = void>
+  T* At(int64_t offset) const {
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
+  }
+  absl::StatusOr<FloatMatrix> AsFloat(const Tensor& tensor, Buffer& copy);
+  const void* Targets(int64_t row) const {
+    return static_cast<const char*>(problem_.inputs->targets.data) +
+           row * DTypeSize(problem_.inputs->targets.dtype);
+  }
+  const float* GradLoss(int64_t row) const {
+    return grad_loss_ == nullptr ? nullptr
+                                 : grad_loss_ + (grad_loss_per_row_ ? row : 0);
+  }
+  void CrossEntropy(const Block& block);
+  // Writes `value` (rows x cols, fp32) to a tensor of any float dtype, or adds
+  // it.
+  void WriteRows(const Eigen::Ref<const RowMajor>& value, void* out, int type,
+                 int64_t ld, bool accumulate);
+
+  const Problem& problem_;
+  const Plan& plan_;
+  Context& context_;
+  const CrossEntropyOptions& ce_;
+  const DType operand_;
+
+  Buffer block_;
+  Buffer hidden_copy_;
+  Buffer weight_copy_;
+  FloatMatrix hidden_;  // [N, H]
+  FloatMatrix weight_;  // [V, H]
+  float* logits_ = nullptr;
+  ce::TargetStats* stats_ = nullptr;
+  float* row_loss_ = nullptr;
+  float* lse_ = nullptr;
+  const float* bias_ = nullptr;
+  float* d_weight_acc_ = nullptr;
+  float* d_bias_acc_ = nullptr;
+  const float* grad_loss_ = nullptr;
+  bool grad_loss_per_row_ = false;
+  float scale_ = 1.0f;
+  RowMajor staging_;  // fp32 results bound for 16-bit outputs
+};
+
+absl::StatusOr<FloatMatrix> CpuBackend::AsFloat(const Tensor& tensor,
+                                                Buffer& copy) {
+  FloatMatrix matrix;
+  if (tensor.dtype == DType::kF32) {
+    matrix.data = tensor.data_as<float>();
+    matrix.ld = tensor.effective_row_stride();
+    return matrix;
+  }
+  const int64_t rows = tensor.dim(0);
+  const int64_t cols = tensor.dim(1);
+  ASSIGN_OR_RETURN(copy, context_.allocator().Allocate(rows * cols * 4));
+  ConvertArgs convert;
+  convert.src = tensor.data;
+  convert.src_type = static_cast<int>(tensor.dtype);
+  convert.src_ld = tensor.effective_row_stride();
+  convert.dst = copy.data();
+  convert.dst_ld = cols;
+  convert.rows = rows;
+  convert.cols = cols;
+  ConvertCpu(convert);
+  matrix.data = copy.data_as<float>();
+  matrix.ld = cols;
+  return matrix;
+}
+
+absl::Status CpuBackend::Begin() {
+  const LinearCrossEntropyInputs& in = *problem_.inputs;
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
+  logits_ = At<float>(plan_.logits_offset);
+  stats_ = At<ce::TargetStats>(plan_.stats_offset);
+  row_loss_ = At<float>(plan_.row_loss_offset);
+  d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
+  d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
+  lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
+                                 : At<float>(plan_.lse_offset);
+  const int64_t n = problem_.tokens;
+  const float* class_weights = ce_.class_weights.has_value()
+                                   ? ce_.class_weights->data_as<float>()
+                                   : nullptr;
+  *stats_ =
+      ce::ScanTargetsCpu(in.targets.data, in.targets.dtype == DType::kI64, n,
+                         problem_.vocab, ce_.ignore_index, class_weights);
+  RETURN_IF_ERROR(CheckTargetStats(*stats_, ce_, n, problem_.vocab));
+  if (problem_.backward()) {
+    scale_ = DlogitsScale(operand_, static_cast<int>(ce_.reduction),
+                          stats_->ce_denominator);
+  }
+  if (problem_.grad_loss != nullptr) {
+    grad_loss_ = problem_.grad_loss->data_as<float>();
+    grad_loss_per_row_ = ce_.reduction == Reduction::kNone;
+  }
+  if (scale_ != 1.0f) {
+    ConvertArgs scaled;
+    scaled.src = grad_loss_;
+    scaled.cols = grad_loss_per_row_ ? n : 1;
+    scaled.src_ld = scaled.dst_ld = scaled.cols;
+    scaled.rows = 1;
+    scaled.dst = At<float>(plan_.grad_scale_offset);
+    scaled.scale = scale_;
+    ConvertCpu(scaled);
+    grad_loss_ = At<float>(plan_.grad_scale_offset);
+  }
+  if (in.bias.has_value()) {
+    if (plan_.bias_offset >= 0) {
+      ConvertArgs bias;
+      bias.src = in.bias->data;
+      bias.src_type = static_cast<int>(in.bias->dtype);
+      bias.dst = At<float>(plan_.bias_offset);
+      bias.rows = 1;
+      bias.cols = bias.src_ld = bias.dst_ld = problem_.vocab;
+      ConvertCpu(bias);
+      bias_ = At<float>(plan_.bias_offset);
+    } else {
+      bias_ = in.bias->data_as<float>();
+    }
+  }
+  if (n > 0) {
+    ASSIGN_OR_RETURN(hidden_, AsFloat(in.hidden, hidden_copy_));
+    ASSIGN_OR_RETURN(weight_, AsFloat(in.weight, weight_copy_));
+  }
+  return absl::OkStatus();
+}
+
+void CpuBackend::CrossEntropy(const Block& block) {
+  const Tensor& targets = problem_.inputs->targets;
+  const float* class_weights = ce_.class_weights.has_value()
+                                   ? ce_.class_weights->data_as<float>()
+                                   : nullptr;
+  const int64_t row = block.row_begin;
+  if (block.mode == CeMode::kSliceBackward) {
+    SliceArgs args;
+    args.logits = logits_;
+    args.ld = block.ld;
+    args.rows = block.row_end - row;
+    args.cols = block.col_end - block.col_begin;
+    args.col_begin = block.col_begin;
+    args.vocab = problem_.vocab;
+    args.grad_type = static_cast<int>(operand_);
+    args.targets = Targets(row);
+    args.targets_i64 = targets.dtype == DType::kI64;
+    args.ignore_index = ce_.ignore_index;
+    args.label_smoothing = ce_.label_smoothing;
+    args.z_loss = ce_.z_loss;
+    args.softcap = ce_.softcap;
+    args.class_weights = class_weights;
+    args.reduction = static_cast<int>(ce_.reduction);
+    args.stats = stats_;
+    args.grad_loss = GradLoss(row);
+    args.grad_loss_per_row = grad_loss_per_row_;
+    args.lse = lse_ + row;
+    SliceBackwardCpu(args);
+    return;
+  }
+  ce::RowArgs args;
+  args.logits = logits_;
+  args.logits_type = ce::kF32;
+  args.logits_stride = block.ld;
+  args.rows = block.row_end - row;
+  args.vocab = problem_.vocab;
+  args.targets = Targets(row);
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.ignore_index = ce_.ignore_index;
+  args.label_smoothing = ce_.label_smoothing;
+  args.z_loss = ce_.z_loss;
+  args.softcap = ce_.softcap;
+  args.class_weights = class_weights;
+  args.reduction = static_cast<int>(ce_.reduction);
+  args.stats = stats_;
+  args.lse = lse_ != nullptr ? lse_ + row : nullptr;
+  if (block.mode != CeMode::kBackward) {
+    args.row_loss = ce_.reduction == Reduction::kNone
+                        ? problem_.loss->data_as<float>() + row
+                        : row_loss_ + row;
+  }
+  if (block.mode != CeMode::kForward) {
+    args.grad_loss = GradLoss(row);
+    args.grad_loss_per_row = grad_loss_per_row_;
+    args.grad = logits_;  // in place
+    args.grad_type = static_cast<int>(operand_);
+    args.grad_stride = block.ld * 4 / DTypeSize(operand_);
+  }
+  if (block.mode == CeMode::kBackward) {
+    ce::BackwardCpu(args);
+  } else {
+    ce::RowsCpu(args);
+  }
+}
+
+void CpuBackend::WriteRows(const Eigen::Ref<const RowMajor>& value, void* out,
+                           int type, int64_t ld, bool accumulate) {
+  if (type == ce::kF32) {
+    MatrixMap target(static_cast<float*>(out), value.rows(), value.cols(),
+                     Eigen::OuterStride<>(ld));
+    if (accumulate) {
+      target += value;
+    } else {
+      target = value;
+    }
+    return;
+  }
+  // 16-bit outputs are only written whole (accumulation goes through fp32
+  // accumulators).
+  for (int64_t i = 0; i < value.rows(); ++i) {
+    for (int64_t j = 0; j < value.cols(); ++j)
+      StoreHost(out, type, i * ld + j, value(i, j));
+  }
+}
+
+absl::Status CpuBackend::RunBlock(const Block& block) {
+  const int64_t rows = block.row_end - block.row_begin;
+  const int64_t cols = block.col_end - block.col_begin;
+  const int64_t h = problem_.hidden;
+  const ConstMatrixMap hidden =
+      hidden_.Rows(block.row_begin, rows, h);  // [rows, H]
+  const ConstMatrixMap weight =
+      weight_.Rows(block.col_begin, cols, h);  // [cols, H]
+  MatrixMap logits(logits_, rows, cols,
+                   Eigen::OuterStride<>(block.ld));  // [rows, cols]
+  logits.noalias() = hidden * weight.transpose();
+  if (bias_ != nullptr) {
+    logits.rowwise() +=
+        Eigen::Map<const Eigen::RowVectorXf>(bias_ + block.col_begin, cols);
+  }
+  CrossEntropy(block);
+  if (block.mode == CeMode::kForward) return absl::OkStatus();
+
+  if (operand_ != DType::kF32) {
+    // Widen the 16-bit dlogits to fp32 in place, from the end of each row
+    // backwards (value j sits at bytes [2j, 2j + 2), below its destination [4j,
+    // 4j + 4)).
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = logits_ + i * block.ld;
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t j = cols - 1; j >= 0; --j) {
+        row[j] = operand_ == DType::kBF16 ? Bf16BitsToFloat(bits[j])
+                                          : F16BitsToFloat(bits[j]);
+      }
+    }
+  }
+  const float unscale = 1.0f / scale_;
+  const LinearCrossEntropyGradients& g = *problem_.gradients;
+  if (block.d_hidden) {
+    const Tensor& d_hidden = g.d_hidden;
+    staging_.noalias() = unscale * (logits * weight);  // [rows, H]
+    WriteRows(staging_,
+              static_cast<char*>(d_hidden.data) +
+                  block.row_begin * d_hidden.effective_row_stride() *
+                      DTypeSize(d_hidden.dtype),
+              static_cast<int>(d_hidden.dtype), d_hidden.effective_row_stride(),
+              false);
+  }
+  if (block.d_weight) {
+    staging_.noalias() = unscale * (logits.transpose() * hidden);  // [cols, H]
+    if (d_weight_acc_ != nullptr) {
+      WriteRows(staging_, d_weight_acc_ + block.col_begin * h, ce::kF32, h,
+                block.accumulate);
+    } else {
+      const Tensor& d_weight = g.d_weight;
+      WriteRows(staging_,
+                static_cast<char*>(d_weight.data) +
+                    block.col_begin * d_weight.effective_row_stride() *
+                        DTypeSize(d_weight.dtype),
+                static_cast<int>(d_weight.dtype),
+                d_weight.effective_row_stride(), block.accumulate);
+    }
+    if (bias_ != nullptr) {
+      const Tensor& d_bias = *g.d_bias;
+      const RowMajor sums = unscale * logits.colwise().sum();  // [1, cols]
+      if (d_bias_acc_ != nullptr) {
+        WriteRows(sums, d_bias_acc_ + block.col_begin, ce::kF32, cols,
+                  block.accumulate);
+      } else {
+        WriteRows(sums,
+                  static_cast<char*>(d_bias.data) +
+                      block.col_begin * DTypeSize(d_bias.dtype),
+                  static_cast<int>(d_bias.dtype), cols, block.accumulate);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::End() {
+  const int64_t n = problem_.tokens;
+  const int64_t v = problem_.vocab;
+  const int64_t h = problem_.hidden;
+  const LinearCrossEntropyGradients* g = problem_.gradients;
+  if (problem_.pass != Pass::kBackward && ce_.reduction != Reduction::kNone) {
+    *problem_.loss->data_as<float>() =
+        static_cast<float>(ce::SumRowsCpu(row_loss_, n));
+  }
+  if (n == 0 && g != nullptr) {
+    const int64_t element = DTypeSize(g->d_weight.dtype);
+    for (int64_t r = 0; r < v; ++r) {
+      std::memset(static_cast<char*>(g->d_weight.data) +
+                      r * g->d_weight.effective_row_stride() * element,
+                  0, h * element);
+    }
+    if (g->d_bias.has_value())
+      std::memset(g->d_bias->data, 0, v * DTypeSize(g->d_bias->dtype));
+    return absl::OkStatus();
+  }
+  if (d_weight_acc_ != nullptr) {
+    ConvertArgs round;
+    round.src = d_weight_acc_;
+    round.src_ld = h;
+    round.dst = g->d_weight.data;
+    round.dst_type = static_cast<int>(g->d_weight.dtype);
+    round.dst_ld = g->d_weight.effective_row_stride();
+    round.rows = v;
+    round.cols = h;
+    ConvertCpu(round);
+  }
+  if (d_bias_acc_ != nullptr) {
+    ConvertArgs round;
+    round.src = d_bias_acc_;
+    round.dst = g->d_bias->data;
+    round.dst_type = static_cast<int>(g->d_bias->dtype);
+    round.rows = 1;
+    round.cols = round.src_ld = round.dst_ld = v;
+    ConvertCpu(round);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const Problem& problem,
+                                                        const Plan& plan,
+                                                        Context& context) {
+  return std::unique_ptr<Backend>(new CpuBackend(problem, plan, context));
+}
+
+}  // namespace lce
+}  // namespace lossrt

@@ -1,0 +1,721 @@
+// The CUDA backend of the linear cross-entropy. Each block runs
+//   G1 logits (cuBLASLt, fp32 output, bias epilogue) -> CE kernel (dlogits in
+//   place, in the operand dtype) -> G2 d_hidden and G3 d_weight (cuBLASLt, fp32
+//   accumulation),
+// and, with overlap_streams, splits the block's rows in two so that the
+// memory-bound cross-entropy of one half runs on a second stream while the
+// GEMMs of the other half run on the context's stream:
+//   main:  G1(a) G1(b) . G2(a) G2(b) G3
+//   side:        CE(a) CE(b)
+// All GEMMs stay on the context's stream, so the one cuBLASLt workspace is
+// never shared. Compiled only with the CUDA toolkit (LOSSRT_WITH_CUDA).
+#ifdef LOSSRT_WITH_CUDA
+#include "loss/linear_cross_entropy_cuda.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "loss/cross_entropy_cuda.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/linear_cross_entropy_internal.h"
+#include "loss/linear_cross_entropy_kernels.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#include "runtime/scoped_device.h"
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace lce {
+namespace {
+
+cudaDataType CudaType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+int ElementType(DType dtype) {
+  return static_cast<int>(dtype);
+}  // ce::ElementType order
+
+// The largest power of two (<= 256) dividing the address: what cuBLASLt may
+// assume.
+int64_t AlignmentOf(const void* pointer) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  int64_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// A column-major operand as cuBLASLt stores it (before `op`).
+struct Operand {
+  const void* data = nullptr;
+  cudaDataType type = CUDA_R_32F;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+  cublasOperation_t op = CUBLAS_OP_N;
+};
+
+// D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * D (+ bias[m] broadcast
+// over columns).
+struct GemmCall {
+  Operand a;
+  Operand b;
+  void* d = nullptr;
+  cudaDataType d_type = CUDA_R_32F;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t ld_d = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const float* bias = nullptr;
+};
+
+// cuBLASLt descriptors and the heuristic's algorithm, cached per shape for the
+// length of one call (a call runs a handful of distinct shapes many times).
+class GemmRunner {
+ public:
+  GemmRunner(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
+             cublasComputeType_t compute_type)
+      : handle_(handle),
+        workspace_(workspace),
+        workspace_bytes_(workspace_bytes),
+        compute_type_(compute_type) {}
+
+  absl::Status Run(const GemmCall& call, cudaStream_t stream) {
+    ASSIGN_OR_RETURN(Entry * entry, Find(call));
+    if (call.bias != nullptr) {
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+          sizeof(call.bias)));
+    }
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+        handle_, entry->desc, &call.alpha, call.a.data, entry->a, call.b.data,
+        entry->b, &call.beta, call.d, entry->d, call.d, entry->d, &entry->algo,
+        workspace_, static_cast<size_t>(workspace_bytes_), stream));
+    return absl::OkStatus();
+  }
+
+ private:
+  using Key = std::array<int64_t, 22>;
+
+  struct Entry {
+    Key key;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    cublasLtMatrixLayout_t b = nullptr;
+    cublasLtMatrixLayout_t d = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    ~Entry() {
+      if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+      if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+      if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+      if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    }
+  };
+
+  static Key KeyOf(const GemmCall& c) {
+    return {c.a.type,
+            c.a.rows,
+            c.a.cols,
+            c.a.ld,
+            c.a.op,
+            c.b.type,
+            c.b.rows,
+            c.b.cols,
+            c.b.ld,
+            c.b.op,
+            c.d_type,
+            c.m,
+            c.n,
+            c.ld_d,
+            c.bias != nullptr,
+            AlignmentOf(c.a.data),
+            AlignmentOf(c.b.data),
+            AlignmentOf(c.d),
+            c.bias != nullptr ? AlignmentOf(c.bias) : 0,
+            c.beta != 0.0f,
+            0,
+            0};
+  }
+
+  absl::StatusOr<Entry*> Find(const GemmCall& call) {
+    const Key key = KeyOf(call);
+    for (const std::unique_ptr<Entry>& entry : cache_) {
+      if (entry->key == key) return entry.get();
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->key = key;
+    CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescCreate(&entry->desc, compute_type_, CUDA_R_32F));
+    const int32_t op_a = call.a.op;
+    const int32_t op_b = call.b.op;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (call.bias != nullptr) {
+      // The bias vector has the output's type (fp32) and is added before the
+      // output is written: the logits never make a second trip through memory
+      // for it.
+      const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+          sizeof(epilogue)));
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+          sizeof(call.bias)));
+    }
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+        &entry->a, call.a.type, call.a.rows, call.a.cols, call.a.ld));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+        &entry->b, call.b.type, call.b.rows, call.b.cols, call.b.ld));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+        &entry->d, call.d_type, call.m, call.n, call.ld_d));
+    cublasLtMatmulPreference_t preference = nullptr;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
+    std::unique_ptr<void, void (*)(void*)> preference_guard(
+        preference, [](void* p) {
+          cublasLtMatmulPreferenceDestroy(
+              static_cast<cublasLtMatmulPreference_t>(p));
+        });
+    const uint64_t workspace_bytes = static_cast<uint64_t>(workspace_bytes_);
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+        sizeof(workspace_bytes)));
+    const std::array<
+        std::pair<cublasLtMatmulPreferenceAttributes_t, const void*>, 3>
+        aligned = {{{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, call.a.data},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, call.b.data},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, call.d}}};
+    for (const auto& [attribute, pointer] : aligned) {
+      const uint32_t alignment = static_cast<uint32_t>(AlignmentOf(pointer));
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          preference, attribute, &alignment, sizeof(alignment)));
+    }
+    const uint32_t alignment_c = static_cast<uint32_t>(AlignmentOf(call.d));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignment_c,
+        sizeof(alignment_c)));
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+        handle_, entry->desc, entry->a, entry->b, entry->d, entry->d,
+        preference, 1, &result, &found));
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat(
+          "cuBLASLt has no algorithm for a ", call.m, " x ", call.n,
+          " GEMM (ld ", call.a.ld, ", ", call.b.ld, ", ", call.ld_d, ")"));
+    }
+    entry->algo = result.algo;
+    cache_.push_back(std::move(entry));
+    return cache_.back().get();
+  }
+
+  cublasLtHandle_t handle_;
+  void* workspace_;
+  int64_t workspace_bytes_;
+  cublasComputeType_t compute_type_;
+  std::vector<std::unique_ptr<Entry>> cache_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Problem& problem, const Plan& plan, Context& context)
+      : problem_(problem),
+        plan_(plan),
+        context_(context),
+        ce_(problem.options->cross_entropy),
+        operand_(problem.operand_type()),
+        e_(DTypeSize(problem.operand_type())) {}
+
+  ~CudaBackend() override {
+    // Whatever happened, the context's stream must not run ahead of the side
+    // stream's use of the workspace block, which goes back to the allocator's
+    // cache after this.
+    if (side_ != nullptr) {
+      if (cudaEventRecord(side_done_, side_) == cudaSuccess) {
+        cudaStreamWaitEvent(main_, side_done_, 0);
+      }
+      cudaStreamDestroy(side_);
+    }
+    for (cudaEvent_t event : events_) cudaEventDestroy(event);
+  }
+
+  absl::Status Begin() override;
+  absl::Status RunBlock(const Block& block) override;
+  absl::Status End() override;
+
+ private:
+  template <typename T = void>
+  T* At(int64_t offset) const {
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
+  }
+  const char* RowOf(const Tensor& tensor, int64_t row) const {
+    return static_cast<const char*>(tensor.data) +
+           row * tensor.effective_row_stride() * DTypeSize(tensor.dtype);
+  }
+  const void* Targets(int64_t row) const {
+    return static_cast<const char*>(problem_.inputs->targets.data) +
+           row * DTypeSize(problem_.inputs->targets.dtype);
+  }
+  const float* GradLoss(int64_t row) const {
+    return grad_loss_ == nullptr ? nullptr
+                                 : grad_loss_ + (grad_loss_per_row_ ? row : 0);
+  }
+  float* Logits(const Block& block, int64_t row) const {
+    return logits_ + (row - block.row_begin) * block.ld;
+  }
+  // dlogits rows start where their logits rows do; their stride in operand
+  // elements.
+  int64_t DlogitsLd(const Block& block) const { return block.ld * 4 / e_; }
+
+  absl::Status ComputeLogits(const Block& block, int64_t row_begin,
+                             int64_t row_end);
+  absl::Status CrossEntropy(const Block& block, int64_t row_begin,
+                            int64_t row_end, cudaStream_t stream);
+  absl::Status DHidden(const Block& block, int64_t row_begin, int64_t row_end);
+  absl::Status DWeight(const Block& block);
+  absl::Status DBias(const Block& block);
+  absl::Status ZeroOutputs();
+
+  const Problem& problem_;
+  const Plan& plan_;
+  Context& context_;
+  const CrossEntropyOptions& ce_;
+  const DType operand_;
+  const int64_t e_;  // operand bytes
+
+  std::optional<ScopedDevice> device_;
+  Buffer block_;
+  cudaStream_t main_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  cudaEvent_t logits_ready_[2] = {};
+  cudaEvent_t dlogits_ready_[2] = {};
+  cudaEvent_t side_done_ = nullptr;
+  std::unique_ptr<GemmRunner> gemm_;
+  int num_sms_ = 0;
+
+  float* logits_ = nullptr;  // [rows, ld] fp32 (the buffer)
+  ce::TargetStats* stats_ = nullptr;
+  float* row_loss_ = nullptr;      // [N]
+  float* lse_ = nullptr;           // [N] or null
+  const float* bias_ = nullptr;    // [V] fp32 or null
+  const void* ones_ = nullptr;     // [N] operand dtype
+  float* d_weight_acc_ = nullptr;  // [V, H] or null
+  float* d_bias_acc_ = nullptr;    // [V] or null
+  const float* grad_loss_ = nullptr;
+  bool grad_loss_per_row_ = false;
+  float scale_ =
+      1.0f;  // dlogits are `scale_` times the gradient (f16 underflow guard)
+};
+
+absl::Status CudaBackend::Begin() {
+  const LinearCrossEntropyInputs& in = *problem_.inputs;
+  const LinearCrossEntropyOptions& options = *problem_.options;
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context_.device().ordinal));
+  device_.emplace(std::move(scoped));
+  ASSIGN_OR_RETURN(main_, CudaStreamOf(context_));
+  ASSIGN_OR_RETURN(cublasLtHandle_t lt, CublasLtHandleOf(context_));
+  ASSIGN_OR_RETURN(void* lt_workspace, context_.cublaslt_workspace());
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &num_sms_, cudaDevAttrMultiProcessorCount, context_.device().ordinal));
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
+  logits_ = At<float>(plan_.logits_offset);
+  stats_ = At<ce::TargetStats>(plan_.stats_offset);
+  row_loss_ = At<float>(plan_.row_loss_offset);
+  d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
+  d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
+  lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
+                                 : At<float>(plan_.lse_offset);
+  const int64_t n = problem_.tokens;
+  if (n == 0) return absl::OkStatus();
+
+  // Targets: the mean's denominators on the device, and one readback to reject
+  // bad targets (and to scale f16 dlogits) before anything is written.
+  const float* class_weights = ce_.class_weights.has_value()
+                                   ? ce_.class_weights->data_as<float>()
+                                   : nullptr;
+  CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
+      in.targets.data, in.targets.dtype == DType::kI64, n, problem_.vocab,
+      ce_.ignore_index, class_weights, stats_, main_));
+  const bool f16_mean = operand_ == DType::kF16 &&
+                        ce_.reduction == Reduction::kMean &&
+                        problem_.backward();
+  if (ce_.validate_targets || class_weights != nullptr || f16_mean) {
+    ce::TargetStats host;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, stats_, sizeof(host),
+                                         cudaMemcpyDeviceToHost, main_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(main_));
+    RETURN_IF_ERROR(CheckTargetStats(host, ce_, n, problem_.vocab));
+    if (problem_.backward()) {
+      scale_ = DlogitsScale(operand_, static_cast<int>(ce_.reduction),
+                            host.ce_denominator);
+    }
+  }
+
+  if (problem_.grad_loss != nullptr) {
+    grad_loss_ = problem_.grad_loss->data_as<float>();
+    grad_loss_per_row_ = ce_.reduction == Reduction::kNone;
+  }
+  if (scale_ != 1.0f) {
+    ConvertArgs scaled;
+    scaled.src = grad_loss_;
+    scaled.cols = grad_loss_per_row_ ? n : 1;
+    scaled.src_ld = scaled.dst_ld = scaled.cols;
+    scaled.rows = 1;
+    scaled.dst = At<float>(plan_.grad_scale_offset);
+    scaled.scale = scale_;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(scaled, main_));
+    grad_loss_ = At<float>(plan_.grad_scale_offset);
+  }
+  if (in.bias.has_value()) {
+    if (plan_.bias_offset >= 0) {
+      ConvertArgs bias;
+      bias.src = in.bias->data;
+      bias.src_type = ElementType(in.bias->dtype);
+      bias.dst = At<float>(plan_.bias_offset);
+      bias.rows = 1;
+      bias.cols = bias.src_ld = bias.dst_ld = problem_.vocab;
+      CUDA_RETURN_IF_ERROR(LaunchConvert(bias, main_));
+      bias_ = At<float>(plan_.bias_offset);
+    } else {
+      bias_ = in.bias->data_as<float>();
+    }
+  }
+  if (plan_.ones_offset >= 0) {
+    ConvertArgs ones;  // src null: fill with `scale`
+    ones.dst = At(plan_.ones_offset);
+    ones.dst_type = ElementType(operand_);
+    ones.rows = 1;
+    ones.cols = ones.src_ld = ones.dst_ld = n;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(ones, main_));
+    ones_ = ones.dst;
+  }
+
+  const cublasComputeType_t compute =
+      operand_ == DType::kF32 && options.use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                  : CUBLAS_COMPUTE_32F;
+  gemm_ = std::make_unique<GemmRunner>(lt, lt_workspace,
+                                       plan_.gemm_workspace_bytes, compute);
+
+  if (options.overlap_streams) {
+    // The cross-entropy stream gets the higher priority, so that its blocks
+    // take SMs as soon as GEMM tiles retire instead of queueing behind the next
+    // GEMM.
+    int least = 0;
+    int greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* event :
+         {&logits_ready_[0], &logits_ready_[1], &dlogits_ready_[0],
+          &dlogits_ready_[1], &side_done_}) {
+      CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+      events_.push_back(*event);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunBlock(const Block& block) {
+  const int64_t rows = block.row_end - block.row_begin;
+  // Two halves when there is a second stream and enough rows for two GEMMs of
+  // full tiles.
+  const int parts = side_ != nullptr && rows >= 256 ? 2 : 1;
+  const int64_t split[3] = {
+      block.row_begin,
+      parts == 2 ? block.row_begin + (rows / 2 + 63) / 64 * 64 : block.row_end,
+      block.row_end};
+  cudaStream_t ce_stream = side_ != nullptr ? side_ : main_;
+  for (int p = 0; p < parts; ++p) {
+    RETURN_IF_ERROR(ComputeLogits(block, split[p], split[p + 1]));
+    if (side_ != nullptr)
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(logits_ready_[p], main_));
+  }
+  for (int p = 0; p < parts; ++p) {
+    if (side_ != nullptr)
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_, logits_ready_[p], 0));
+    RETURN_IF_ERROR(CrossEntropy(block, split[p], split[p + 1], ce_stream));
+    if (side_ != nullptr)
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(dlogits_ready_[p], side_));
+  }
+  if (block.d_hidden) {
+    for (int p = 0; p < parts; ++p) {
+      if (side_ != nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main_, dlogits_ready_[p], 0));
+      }
+      RETURN_IF_ERROR(DHidden(block, split[p], split[p + 1]));
+    }
+  }
+  // The whole block's dlogits are needed by G3, and the buffer is overwritten
+  // by the next block's G1.
+  if (side_ != nullptr) {
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(main_, dlogits_ready_[parts - 1], 0));
+  }
+  if (block.d_weight) {
+    RETURN_IF_ERROR(DWeight(block));
+    if (bias_ != nullptr) RETURN_IF_ERROR(DBias(block));
+  }
+  return absl::OkStatus();
+}
+
+// logits[rows, cols] = hidden[rows] @ weight[cols]^T + bias[cols], as the
+// column-major D[cols, rows] = W^T(op T of [H, cols]) @ hidden(op N of [H,
+// rows]).
+absl::Status CudaBackend::ComputeLogits(const Block& block, int64_t row_begin,
+                                        int64_t row_end) {
+  const Tensor& hidden = problem_.inputs->hidden;
+  const Tensor& weight = problem_.inputs->weight;
+  const cudaDataType type = CudaType(operand_);
+  const int64_t cols = block.col_end - block.col_begin;
+  const int64_t rows = row_end - row_begin;
+  GemmCall call;
+  call.a = {RowOf(weight, block.col_begin), type,       problem_.hidden, cols,
+            weight.effective_row_stride(),  CUBLAS_OP_T};
+  call.b = {RowOf(hidden, row_begin),      type,       problem_.hidden, rows,
+            hidden.effective_row_stride(), CUBLAS_OP_N};
+  call.d = Logits(block, row_begin);
+  call.d_type = CUDA_R_32F;
+  call.m = cols;
+  call.n = rows;
+  call.ld_d = block.ld;
+  call.bias = bias_ != nullptr ? bias_ + block.col_begin : nullptr;
+  return gemm_->Run(call, main_);
+}
+
+absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
+                                       int64_t row_end, cudaStream_t stream) {
+  const Tensor& targets = problem_.inputs->targets;
+  const float* class_weights = ce_.class_weights.has_value()
+                                   ? ce_.class_weights->data_as<float>()
+                                   : nullptr;
+  if (block.mode == CeMode::kSliceBackward) {
+    SliceArgs args;
+    args.logits = Logits(block, row_begin);
+    args.ld = block.ld;
+    args.rows = row_end - row_begin;
+    args.cols = block.col_end - block.col_begin;
+    args.col_begin = block.col_begin;
+    args.vocab = problem_.vocab;
+    args.grad_type = ElementType(operand_);
+    args.targets = Targets(row_begin);
+    args.targets_i64 = targets.dtype == DType::kI64;
+    args.ignore_index = ce_.ignore_index;
+    args.label_smoothing = ce_.label_smoothing;
+    args.z_loss = ce_.z_loss;
+    args.softcap = ce_.softcap;
+    args.class_weights = class_weights;
+    args.reduction = static_cast<int>(ce_.reduction);
+    args.stats = stats_;
+    args.grad_loss = GradLoss(row_begin);
+    args.grad_loss_per_row = grad_loss_per_row_;
+    args.lse = lse_ + row_begin;
+    CUDA_RETURN_IF_ERROR(LaunchSliceBackward(args, stream));
+    return absl::OkStatus();
+  }
+  ce::RowArgs args;
+  args.logits = Logits(block, row_begin);
+  args.logits_type = ce::kF32;
+  args.logits_stride = block.ld;
+  args.rows = row_end - row_begin;
+  args.vocab = problem_.vocab;
+  args.targets = Targets(row_begin);
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.ignore_index = ce_.ignore_index;
+  args.label_smoothing = ce_.label_smoothing;
+  args.z_loss = ce_.z_loss;
+  args.softcap = ce_.softcap;
+  args.class_weights = class_weights;
+  args.reduction = static_cast<int>(ce_.reduction);
+  args.stats = stats_;
+  args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
+  if (block.mode != CeMode::kBackward) {
+    args.row_loss = ce_.reduction == Reduction::kNone
+                        ? problem_.loss->data_as<float>() + row_begin
+                        : row_loss_ + row_begin;
+  }
+  if (block.mode != CeMode::kForward) {
+    args.grad_loss = GradLoss(row_begin);
+    args.grad_loss_per_row = grad_loss_per_row_;
+    args.grad = Logits(
+        block, row_begin);  // in place: 16-bit rows start where fp32 rows do
+    args.grad_type = ElementType(operand_);
+    args.grad_stride = DlogitsLd(block);
+  }
+  CUDA_RETURN_IF_ERROR(block.mode == CeMode::kBackward
+                           ? ce::LaunchBackward(args, num_sms_, stream)
+                           : ce::LaunchRows(args, num_sms_, stream));
+  return absl::OkStatus();
+}
+
+// d_hidden[rows] = dlogits[rows, V] @ weight[V, H], as the column-major
+// D[H, rows] = weight(op N of [H, V]) @ dlogits(op N of [V, rows]). Written
+// once.
+absl::Status CudaBackend::DHidden(const Block& block, int64_t row_begin,
+                                  int64_t row_end) {
+  const Tensor& weight = problem_.inputs->weight;
+  const Tensor& d_hidden = problem_.gradients->d_hidden;
+  const cudaDataType type = CudaType(operand_);
+  const int64_t cols = block.col_end - block.col_begin;
+  GemmCall call;
+  call.a = {RowOf(weight, block.col_begin), type,       problem_.hidden, cols,
+            weight.effective_row_stride(),  CUBLAS_OP_N};
+  call.b = {Logits(block, row_begin), type,       cols, row_end - row_begin,
+            DlogitsLd(block),         CUBLAS_OP_N};
+  call.d = const_cast<char*>(RowOf(d_hidden, row_begin));
+  call.d_type = CudaType(d_hidden.dtype);
+  call.m = problem_.hidden;
+  call.n = row_end - row_begin;
+  call.ld_d = d_hidden.effective_row_stride();
+  call.alpha = 1.0f / scale_;
+  return gemm_->Run(call, main_);
+}
+
+// d_weight[cols] (+)= dlogits[rows, cols]^T @ hidden[rows], as the column-major
+// D[H, cols] = hidden(op N of [H, rows]) @ dlogits(op T of [cols, rows]), into
+// the fp32 accumulator or straight into d_weight.
+absl::Status CudaBackend::DWeight(const Block& block) {
+  const Tensor& hidden = problem_.inputs->hidden;
+  const Tensor& d_weight = problem_.gradients->d_weight;
+  const cudaDataType type = CudaType(operand_);
+  const int64_t rows = block.row_end - block.row_begin;
+  const int64_t cols = block.col_end - block.col_begin;
+  GemmCall call;
+  call.a = {RowOf(hidden, block.row_begin), type,       problem_.hidden, rows,
+            hidden.effective_row_stride(),  CUBLAS_OP_N};
+  call.b = {Logits(block, block.row_begin),
+            type,
+            cols,
+            rows,
+            DlogitsLd(block),
+            CUBLAS_OP_T};
+  if (d_weight_acc_ != nullptr) {
+    call.d = d_weight_acc_ + block.col_begin * problem_.hidden;
+    call.d_type = CUDA_R_32F;
+    call.ld_d = problem_.hidden;
+  } else {
+    call.d = const_cast<char*>(RowOf(d_weight, block.col_begin));
+    call.d_type = CudaType(d_weight.dtype);
+    call.ld_d = d_weight.effective_row_stride();
+  }
+  call.m = problem_.hidden;
+  call.n = cols;
+  call.alpha = 1.0f / scale_;
+  call.beta = block.accumulate ? 1.0f : 0.0f;
+  return gemm_->Run(call, main_);
+}
+
+// d_bias[cols] (+)= dlogits^T @ ones: a GEMV through cuBLASLt, deterministic
+// like the GEMMs.
+absl::Status CudaBackend::DBias(const Block& block) {
+  const Tensor& d_bias = *problem_.gradients->d_bias;
+  const cudaDataType type = CudaType(operand_);
+  const int64_t rows = block.row_end - block.row_begin;
+  const int64_t cols = block.col_end - block.col_begin;
+  GemmCall call;
+  call.a = {Logits(block, block.row_begin),
+            type,
+            cols,
+            rows,
+            DlogitsLd(block),
+            CUBLAS_OP_N};
+  call.b = {ones_, type, rows, 1, rows, CUBLAS_OP_N};
+  if (d_bias_acc_ != nullptr) {
+    call.d = d_bias_acc_ + block.col_begin;
+    call.d_type = CUDA_R_32F;
+  } else {
+    call.d = static_cast<char*>(d_bias.data) +
+             block.col_begin * DTypeSize(d_bias.dtype);
+    call.d_type = CudaType(d_bias.dtype);
+  }
+  call.m = cols;
+  call.n = 1;
+  call.ld_d = cols;
+  call.alpha = 1.0f / scale_;
+  call.beta = block.accumulate ? 1.0f : 0.0f;
+  return gemm_->Run(call, main_);
+}
+
+absl::Status CudaBackend::ZeroOutputs() {
+  if (problem_.loss != nullptr && ce_.reduction != Reduction::kNone) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(problem_.loss->data, 0, sizeof(float), main_));
+  }
+  if (problem_.gradients != nullptr) {
+    const Tensor& d_weight = problem_.gradients->d_weight;
+    const int64_t element = DTypeSize(d_weight.dtype);
+    CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(
+        d_weight.data, d_weight.effective_row_stride() * element, 0,
+        problem_.hidden * element, problem_.vocab, main_));
+    if (problem_.gradients->d_bias.has_value()) {
+      const Tensor& d_bias = *problem_.gradients->d_bias;
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          d_bias.data, 0, problem_.vocab * DTypeSize(d_bias.dtype), main_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::End() {
+  if (problem_.tokens == 0) return ZeroOutputs();
+  if (problem_.pass != Pass::kBackward && ce_.reduction != Reduction::kNone) {
+    CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(
+        row_loss_, problem_.tokens, problem_.loss->data_as<float>(), main_));
+  }
+  if (d_weight_acc_ != nullptr) {
+    // The one rounding of the fp32 d_weight to the caller's dtype.
+    const Tensor& d_weight = problem_.gradients->d_weight;
+    ConvertArgs round;
+    round.src = d_weight_acc_;
+    round.src_ld = problem_.hidden;
+    round.dst = d_weight.data;
+    round.dst_type = ElementType(d_weight.dtype);
+    round.dst_ld = d_weight.effective_row_stride();
+    round.rows = problem_.vocab;
+    round.cols = problem_.hidden;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(round, main_));
+  }
+  if (d_bias_acc_ != nullptr) {
+    const Tensor& d_bias = *problem_.gradients->d_bias;
+    ConvertArgs round;
+    round.src = d_bias_acc_;
+    round.dst = d_bias.data;
+    round.dst_type = ElementType(d_bias.dtype);
+    round.rows = 1;
+    round.cols = round.src_ld = round.dst_ld = problem_.vocab;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(round, main_));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
+                                                         const Plan& plan,
+                                                         Context& context) {
+  return std::unique_ptr<Backend>(new CudaBackend(problem, plan, context));
+}
+
+}  // namespace lce
+}  // namespace lossrt
+
+#endif  // LOSSRT_WITH_CUDA

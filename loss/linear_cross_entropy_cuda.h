@@ -1,0 +1,22 @@
+// CUDA launchers of the linear cross-entropy's own kernels
+// (linear_cross_entropy_kernels.cu); contracts in
+// linear_cross_entropy_kernels.h. Internal to //loss.
+#ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_CUDA_H_
+#define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_CUDA_H_
+
+#include <cuda_runtime.h>
+
+#include "loss/linear_cross_entropy_kernels.h"
+
+namespace lossrt {
+namespace lce {
+
+// One block per row; args.stats, lse, targets and weights in device memory.
+cudaError_t LaunchSliceBackward(const SliceArgs& args, cudaStream_t stream);
+
+cudaError_t LaunchConvert(const ConvertArgs& args, cudaStream_t stream);
+
+}  // namespace lce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_CUDA_H_

@@ -1,0 +1,191 @@
+// Internals of the linear cross-entropy shared by its driver
+// (linear_cross_entropy.cc) and its CPU and CUDA backends: the validated
+// problem, the plan (schedule, chunk sizes, workspace layout), the blocks the
+// schedule runs, and the backend interface. Internal to //loss (tests and
+// benchmarks read plans to check and report the schedule).
+//
+// A block is rows [row_begin, row_end) x vocabulary columns [col_begin,
+// col_end) of the logits:
+//   G1  logits[rows, cols] = hidden[rows] @ weight[cols]^T + bias[cols] (fp32,
+//   in the buffer) CE  the cross-entropy kernel on the block (full rows:
+//   cross_entropy_cuda.h / _cpu.h;
+//       a vocabulary slice: SliceBackward), dlogits written in place in the
+//       operand dtype
+//   G2  d_hidden[rows] = dlogits @ weight[cols]              (full rows only;
+//   written once) G3  d_weight[cols] (+)= dlogits^T @ hidden[rows] (fp32
+//   accumulation)
+//       d_bias[cols] (+)= column sums of dlogits
+#ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
+#define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/linear_cross_entropy.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace lossrt {
+namespace lce {
+
+enum class Pass { kForward, kForwardBackward, kBackward };
+
+// One validated call. Pointers refer to the caller's arguments; null = not
+// given.
+struct Problem {
+  Pass pass = Pass::kForward;
+  int64_t tokens = 0;  // N
+  int64_t hidden = 0;  // H
+  int64_t vocab = 0;   // V
+  const LinearCrossEntropyInputs* inputs = nullptr;
+  const LinearCrossEntropyOptions* options = nullptr;
+  const Tensor* loss = nullptr;  // output (forward, fused)
+  const Tensor* lse = nullptr;   // output (forward, fused) or input (backward)
+  const Tensor* grad_loss = nullptr;  // optional (fused), required (backward)
+  const LinearCrossEntropyGradients* gradients = nullptr;  // fused, backward
+
+  DType operand_type() const { return inputs->hidden.dtype; }
+  bool has_bias() const { return inputs->bias.has_value(); }
+  bool backward() const { return pass != Pass::kForward; }
+};
+
+// The facts about a call that the plan depends on.
+struct PlanInput {
+  Pass pass = Pass::kForward;
+  DeviceKind device = DeviceKind::kCpu;
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t vocab = 0;
+  DType operand_type = DType::kBF16;
+  DType d_hidden_type = DType::kBF16;
+  DType d_weight_type = DType::kF32;
+  bool has_bias = false;
+  bool bias_f32 = true;  // the bias is f32 (else a converted copy is needed)
+  bool d_bias_f32 =
+      true;  // d_bias is f32 (else token chunks need an fp32 accumulator)
+  bool reduction_none = false;
+  bool lse_given =
+      false;  // the caller's lse (output or input) can hold the per-token lse
+  int64_t max_workspace_bytes = 0;
+  bool use_tf32 = false;
+  bool overlap_streams = true;
+  LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
+};
+
+PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
+
+struct Plan {
+  // kTokenChunks or kTwoPass (the forward pass always runs token chunks).
+  LinearCrossEntropySchedule schedule =
+      LinearCrossEntropySchedule::kTokenChunks;
+  // Token chunks: rows per chunk (the last may be shorter) and the buffer's row
+  // stride (floats; the vocabulary rounded up to 8 so that rows stay 32-byte
+  // aligned).
+  int64_t chunk_rows = 0;
+  int64_t num_chunks = 0;
+  int64_t chunk_ld = 0;
+  // Vocabulary slices of the two-pass schedule: columns per slice and row
+  // stride (floats).
+  int64_t slice_cols = 0;
+  int64_t num_slices = 0;
+  int64_t slice_ld = 0;
+
+  // Layout of the one workspace block (byte offsets, 256-aligned; -1 = not
+  // needed).
+  int64_t logits_offset = 0;  // fp32 logits / in-place dlogits
+  int64_t logits_bytes = 0;
+  int64_t d_weight_acc_offset =
+      -1;  // fp32 [V, H] when token chunks write a 16-bit d_weight
+  int64_t d_bias_acc_offset =
+      -1;                    // fp32 [V] when token chunks write a 16-bit d_bias
+  int64_t bias_offset = -1;  // fp32 [V] copy of a 16-bit bias
+  int64_t row_loss_offset = -1;  // fp32 [N] per-token losses (mean, sum)
+  int64_t lse_offset = -1;  // fp32 [N] when the caller's lse cannot hold it
+  int64_t grad_scale_offset =
+      -1;  // fp32 [1] or [N]: scaled incoming gradient (f16 dlogits)
+  int64_t ones_offset =
+      -1;  // [N] ones in the operand dtype: d_bias as a GEMV (CUDA)
+  int64_t stats_offset = 0;  // ce::TargetStats
+  int64_t block_bytes = 0;   // bytes allocated from the context's allocator
+  int64_t gemm_workspace_bytes =
+      0;                    // share of the context's cuBLASLt workspace used
+  int64_t total_bytes = 0;  // block_bytes + gemm_workspace_bytes <= the budget
+
+  double estimated_seconds = 0;  // the cost model's estimate (H200-like rates)
+  std::string ToString() const;
+};
+
+// The fastest schedule that fits the budget (or the requested one);
+// InvalidArgument when none fits, naming the smallest budget that would.
+absl::StatusOr<Plan> MakePlan(const PlanInput& input);
+
+enum class CeMode {
+  kForward,          // loss and lse of full rows (ce::LaunchRows without grad)
+  kForwardBackward,  // loss, lse and dlogits of full rows (ce::LaunchRows)
+  kBackward,  // dlogits of full rows from the saved lse (ce::LaunchBackward)
+  kSliceBackward,  // dlogits of a vocabulary slice from the saved lse
+                   // (SliceBackward)
+};
+
+struct Block {
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  int64_t col_begin = 0;
+  int64_t col_end = 0;
+  int64_t ld = 0;  // row stride of the block's logits in the buffer (floats)
+  CeMode mode = CeMode::kForward;
+  bool d_hidden =
+      false;  // G2 into d_hidden[rows] (the block spans the whole vocabulary)
+  bool d_weight =
+      false;  // G3 into d_weight[cols] and, with a bias, d_bias[cols]
+  bool accumulate = false;  // G3 adds to what earlier blocks wrote
+};
+
+// The blocks of a plan, in execution order.
+std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan);
+
+// A device's implementation of the blocks.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Scans the targets (the mean's denominators), rejects invalid ones and
+  // prepares per-call state. Writes nothing the caller can see.
+  virtual absl::Status Begin() = 0;
+  virtual absl::Status RunBlock(const Block& block) = 0;
+  // Sums the loss, rounds fp32 accumulators to the output dtypes, joins
+  // streams.
+  virtual absl::Status End() = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const Problem& problem,
+                                                        const Plan& plan,
+                                                        Context& context);
+#ifdef LOSSRT_WITH_CUDA
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
+                                                         const Plan& plan,
+                                                         Context& context);
+#endif
+
+// InvalidArgument for targets outside [0, V) that are not ignore_index (when
+// validated) and for negative or NaN class weights, as the cross-entropy op
+// reports them.
+absl::Status CheckTargetStats(const ce::TargetStats& stats,
+                              const CrossEntropyOptions& options,
+                              int64_t tokens, int64_t vocab);
+
+// Power-of-two factor by which 16-bit f16 dlogits are scaled to stay clear of
+// underflow (the mean divides them by up to N): 1 for bf16 and f32, and for
+// sum/none reductions.
+float DlogitsScale(DType operand_type, int reduction, double ce_denominator);
+
+}  // namespace lce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_

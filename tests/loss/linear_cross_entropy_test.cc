@@ -1,0 +1,1257 @@
+// Tests of the linear cross-entropy (loss/linear_cross_entropy.h) through its
+// public API on every backend (the CPU always, cuda:0 when one is usable),
+// against a double-precision reference: logits = hidden @ weight^T + bias
+// computed in double from the same (rounded) inputs, then the cross-entropy's
+// double reference (loss/cross_entropy_reference.h) for the loss, lse and
+// dlogits, and the gradients of hidden, weight and bias from those in double.
+//
+// One parameterized case per backend x operand dtype x scenario runs: the fused
+// call (with and without grad_loss), a repeat that must give the same bytes,
+// the split forward (loss and lse) and the split backward from that lse.
+// Scenarios cover bias (none, f32, operand dtype), every option, both
+// reductions and none, ignored tokens, i32 targets, padded rows, the two
+// schedules with the smallest budget they accept (many chunks whose boundaries
+// do not divide N or V), V not a multiple of 8 and N = 1. Then plan invariants,
+// N = 0, all tokens ignored, bad inputs (nothing written) and finite
+// differences on the CPU.
+//
+// Outputs are poisoned with NaN bit patterns before every call: an element left
+// unwritten is caught, and row padding must stay poisoned. Inputs' row padding
+// is NaN too: reading it would poison the results.
+//
+// Tolerances (the issue's): per-token losses and lse within 1e-5 relative (plus
+// two f32 ulps of |lse|, the resolution of an f32 lse when the loss is a small
+// difference lse - z_t), reduced loss 1e-5 relative; gradients norm-wise within
+// 1e-2 for 16-bit operands and 1e-5 for f32 (TF32 off).
+#include "loss/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "loss/cross_entropy_reference.h"
+#include "loss/linear_cross_entropy_internal.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+#include "tests/gpu_test_util.h"
+
+namespace lossrt {
+namespace {
+
+using reference::CrossEntropyReference;
+using reference::ReferenceOptions;
+using reference::ReferenceReduction;
+using reference::ReferenceResult;
+
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    const absl::Status lossrt_test_status = (expr);             \
+    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
+  } while (false)
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr double kTwoUlpsF32 = 0x1p-22;
+
+// ---------------------------------------------------------------------------------------
+// Host images of tensors.
+
+using Bytes = std::vector<uint8_t>;
+
+constexpr uint32_t kPoisonF32 = 0x7fedcba9u;
+constexpr uint16_t kPoisonBf16 = 0x7fedu;
+constexpr uint16_t kPoisonF16 = 0x7e5bu;
+
+double Load(DType dtype, const Bytes& image, int64_t index) {
+  switch (dtype) {
+    case DType::kF32: {
+      float value;
+      std::memcpy(&value, image.data() + 4 * index, 4);
+      return value;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t bits;
+      std::memcpy(&bits, image.data() + 2 * index, 2);
+      return dtype == DType::kBF16 ? Bf16BitsToFloat(bits)
+                                   : F16BitsToFloat(bits);
+    }
+    case DType::kI32: {
+      int32_t value;
+      std::memcpy(&value, image.data() + 4 * index, 4);
+      return value;
+    }
+    case DType::kI64: {
+      int64_t value;
+      std::memcpy(&value, image.data() + 8 * index, 8);
+      return static_cast<double>(value);
+    }
+    default:
+      return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+void Store(DType dtype, Bytes& image, int64_t index, double value) {
+  switch (dtype) {
+    case DType::kF32: {
+      const float narrow = static_cast<float>(value);
+      std::memcpy(image.data() + 4 * index, &narrow, 4);
+      break;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      const float narrow = static_cast<float>(value);
+      const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16Bits(narrow)
+                                                  : FloatToF16Bits(narrow);
+      std::memcpy(image.data() + 2 * index, &bits, 2);
+      break;
+    }
+    case DType::kI32: {
+      const int32_t narrow = static_cast<int32_t>(value);
+      std::memcpy(image.data() + 4 * index, &narrow, 4);
+      break;
+    }
+    case DType::kI64: {
+      const int64_t wide = static_cast<int64_t>(value);
+      std::memcpy(image.data() + 8 * index, &wide, 8);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+bool IsPoison(DType dtype, const Bytes& image, int64_t index) {
+  if (dtype == DType::kF32) {
+    uint32_t bits;
+    std::memcpy(&bits, image.data() + 4 * index, 4);
+    return bits == kPoisonF32;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, image.data() + 2 * index, 2);
+  return bits == (dtype == DType::kBF16 ? kPoisonBf16 : kPoisonF16);
+}
+
+void Poison(DType dtype, Bytes& image) {
+  const int64_t size = DTypeSize(dtype);
+  for (size_t at = 0; at + size <= image.size(); at += size) {
+    if (dtype == DType::kBF16) {
+      std::memcpy(image.data() + at, &kPoisonBf16, 2);
+    } else if (dtype == DType::kF16) {
+      std::memcpy(image.data() + at, &kPoisonF16, 2);
+    } else {
+      // f32 poison; 8-byte types get two of them (a NaN double / an absurd
+      // integer).
+      for (int64_t k = 0; k < size; k += 4)
+        std::memcpy(image.data() + at + k, &kPoisonF32, 4);
+    }
+  }
+}
+
+double RoundTo(DType dtype, double value) {
+  Bytes image(4);
+  Store(dtype, image, 0, value);
+  return Load(dtype, image, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// A tensor on a backend with its host image: [rows, cols] (or a vector /
+// scalar) with `stride` elements between rows.
+
+struct Array {
+  DType dtype = DType::kF32;
+  Shape shape;
+  int64_t stride = 0;  // 0 = contiguous
+  Bytes host;
+  Buffer buffer;
+  Tensor view;  // on the backend
+
+  int64_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
+  int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+  int64_t row_stride() const { return stride != 0 ? stride : cols(); }
+  int64_t Span() const {
+    return rows() == 0 ? 0 : (rows() - 1) * row_stride() + cols();
+  }
+  // Where logical element `i` (row-major) lives in the image.
+  int64_t Index(int64_t i) const {
+    return i / cols() * row_stride() + i % cols();
+  }
+  int64_t numel() const { return rows() * cols(); }
+  double Get(int64_t i) const { return Load(dtype, host, Index(i)); }
+  void Set(int64_t i, double value) { Store(dtype, host, Index(i), value); }
+  std::vector<double> Values() const {
+    std::vector<double> values(numel());
+    for (int64_t i = 0; i < numel(); ++i) values[i] = Get(i);
+    return values;
+  }
+};
+
+// Copies raw bytes through CopyTensor, as a flat tensor of the array's dtype.
+absl::Status CopyFlat(Context& context, const Array& array, bool upload) {
+  const int64_t span = std::max<int64_t>(array.Span(), 1);
+  const Tensor host = Tensor::Of(const_cast<uint8_t*>(array.host.data()),
+                                 array.dtype, {span}, Device::Cpu());
+  const Tensor device =
+      Tensor::Of(array.buffer.data(), array.dtype, {span}, context.device());
+  return upload ? CopyTensor(host, device, context)
+                : CopyTensor(device, host, context);
+}
+
+absl::StatusOr<Array> MakeArray(Context& context, DType dtype, Shape shape,
+                                int64_t stride = 0) {
+  Array array;
+  array.dtype = dtype;
+  array.shape = shape;
+  array.stride = stride;
+  const int64_t span = std::max<int64_t>(array.Span(), 1);
+  array.host.assign(span * DTypeSize(dtype), 0);
+  Poison(dtype, array.host);
+  ASSIGN_OR_RETURN(array.buffer,
+                   context.allocator().Allocate(span * DTypeSize(dtype)));
+  array.view = Tensor::Of(array.buffer.data(), dtype, shape, context.device(),
+                          shape.size() == 2 ? stride : 0);
+  RETURN_IF_ERROR(CopyFlat(context, array, /*upload=*/true));
+  return array;
+}
+
+absl::Status Upload(Context& context, const Array& array) {
+  return CopyFlat(context, array, true);
+}
+absl::Status Download(Context& context, Array& array) {
+  RETURN_IF_ERROR(CopyFlat(context, array, false));
+  return context.Synchronize();
+}
+absl::Status PoisonArray(Context& context, Array& array) {
+  Poison(array.dtype, array.host);
+  return Upload(context, array);
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios.
+
+enum class BiasKind { kNone, kF32, kOperand };
+
+struct Scenario {
+  std::string name;
+  int64_t n = 37;
+  int64_t h = 24;
+  int64_t v = 203;
+  BiasKind bias = BiasKind::kNone;
+  Reduction reduction = Reduction::kMean;
+  double ignore_fraction = 0.0;
+  float smoothing = 0.0f;
+  float z_loss = 0.0f;
+  float softcap = 0.0f;
+  bool class_weights = false;
+  bool d_hidden_f32 = false;  // else the operand dtype
+  bool d_weight_f32 = true;
+  bool d_bias_f32 = true;
+  bool targets_i32 = false;
+  int64_t pad = 0;  // row padding of hidden, weight, d_hidden and d_weight
+  LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
+  bool smallest_budget =
+      false;  // the smallest budget the plan accepts: many chunks
+  double logit_scale = 1.0;
+};
+
+std::vector<Scenario> Scenarios() {
+  using S = LinearCrossEntropySchedule;
+  std::vector<Scenario> all;
+  Scenario s;
+  s.name = "plain";
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "bias_f32_sum_ignored";
+  s.bias = BiasKind::kF32;
+  s.reduction = Reduction::kSum;
+  s.ignore_fraction = 0.2;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "bias_operand_none_i32";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.reduction = Reduction::kNone;
+  s.ignore_fraction = 0.2;
+  s.targets_i32 = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "smoothing_weights";
+  s.smoothing = 0.1f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.15;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "zloss_softcap";
+  s.z_loss = 1e-2f;
+  s.softcap = 3.0f;
+  s.logit_scale = 3.0;
+  s.reduction = Reduction::kSum;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "everything_token_chunks_small";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;  // an fp32 accumulator rounded once
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.softcap = 5.0f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kTokenChunks;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "everything_two_pass_small";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.softcap = 5.0f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kTwoPass;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "two_pass_none_padded";
+  s.reduction = Reduction::kNone;
+  s.pad = 3;
+  s.targets_i32 = true;
+  s.d_hidden_f32 = true;
+  s.bias = BiasKind::kF32;
+  s.schedule = S::kTwoPass;
+  s.smallest_budget = true;
+  s.n = 45;
+  s.v = 301;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "token_chunks_padded_mean";
+  s.pad = 5;
+  s.bias = BiasKind::kF32;
+  s.ignore_fraction = 0.3;
+  s.schedule = S::kTokenChunks;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "one_token";
+  s.n = 1;
+  s.h = 16;
+  s.v = 50;
+  s.bias = BiasKind::kF32;
+  s.smoothing = 0.1f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "one_token_two_pass";
+  s.n = 1;
+  s.h = 16;
+  s.v = 50;
+  s.schedule = S::kTwoPass;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "wide_vocab";
+  s.n = 64;
+  s.h = 40;
+  s.v = 1001;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.z_loss = 1e-4f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "tiny_vocab";
+  s.n = 9;
+  s.h = 8;
+  s.v = 3;
+  s.smoothing = 0.2f;
+  s.schedule = S::kTwoPass;
+  s.smallest_budget = true;
+  all.push_back(s);
+  return all;
+}
+
+// ---------------------------------------------------------------------------------------
+// A problem's inputs (host, exactly representable in their dtypes) and its
+// reference.
+
+struct Data {
+  std::vector<double> hidden;  // [N, H]
+  std::vector<double> weight;  // [V, H]
+  std::vector<double> bias;    // [V] or empty
+  std::vector<int64_t> targets;
+  std::vector<double> class_weights;  // [V] or empty
+};
+
+constexpr int64_t kIgnore = -100;
+
+Data MakeData(const Scenario& s, DType dtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform;
+  Data d;
+  // Logits of standard deviation about logit_scale.
+  const double hidden_scale = s.logit_scale;
+  const double weight_scale = 1.0 / std::sqrt(static_cast<double>(s.h));
+  for (int64_t i = 0; i < s.n * s.h; ++i)
+    d.hidden.push_back(RoundTo(dtype, hidden_scale * normal(rng)));
+  for (int64_t i = 0; i < s.v * s.h; ++i)
+    d.weight.push_back(RoundTo(dtype, weight_scale * normal(rng)));
+  if (s.bias != BiasKind::kNone) {
+    const DType bias_type = s.bias == BiasKind::kF32 ? DType::kF32 : dtype;
+    for (int64_t j = 0; j < s.v; ++j)
+      d.bias.push_back(RoundTo(bias_type, 0.5 * normal(rng)));
+  }
+  for (int64_t i = 0; i < s.n; ++i) {
+    d.targets.push_back(uniform(rng) < s.ignore_fraction
+                            ? kIgnore
+                            : static_cast<int64_t>(uniform(rng) * s.v) % s.v);
+  }
+  if (s.class_weights) {
+    for (int64_t j = 0; j < s.v; ++j)
+      d.class_weights.push_back(RoundTo(DType::kF32, 0.5 + 1.5 * uniform(rng)));
+  }
+  return d;
+}
+
+struct Expected {
+  std::vector<double> token_loss;  // [N]
+  std::vector<double> lse;         // [N]
+  double loss = 0;
+  std::vector<double> d_hidden;  // [N, H]
+  std::vector<double> d_weight;  // [V, H]
+  std::vector<double> d_bias;    // [V]
+};
+
+ReferenceOptions RefOptions(const Scenario& s, const Data& d) {
+  ReferenceOptions options;
+  options.ignore_index = kIgnore;
+  options.reduction =
+      s.reduction == Reduction::kMean  ? ReferenceReduction::kMean
+      : s.reduction == Reduction::kSum ? ReferenceReduction::kSum
+                                       : ReferenceReduction::kNone;
+  options.label_smoothing = s.smoothing;
+  options.z_loss = s.z_loss;
+  options.softcap = s.softcap;
+  options.class_weights = d.class_weights;
+  return options;
+}
+
+Expected Reference(const Scenario& s, const Data& d,
+                   const std::vector<double>& grad_loss) {
+  const int64_t n = s.n, h = s.h, v = s.v;
+  std::vector<double> logits(n * v);  // [N, V]
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < v; ++j) {
+      double sum = d.bias.empty() ? 0.0 : d.bias[j];
+      for (int64_t k = 0; k < h; ++k)
+        sum += d.hidden[i * h + k] * d.weight[j * h + k];
+      logits[i * v + j] = sum;
+    }
+  }
+  const ReferenceResult r =
+      CrossEntropyReference(logits, d.targets, v, RefOptions(s, d), grad_loss);
+  Expected e;
+  e.token_loss = r.token_loss;
+  e.lse = r.lse;
+  e.loss = r.loss;
+  e.d_hidden.assign(n * h, 0.0);
+  e.d_weight.assign(v * h, 0.0);
+  e.d_bias.assign(v, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < v; ++j) {
+      const double g = r.grad[i * v + j];
+      e.d_bias[j] += g;
+      for (int64_t k = 0; k < h; ++k) {
+        e.d_hidden[i * h + k] += g * d.weight[j * h + k];
+        e.d_weight[j * h + k] += g * d.hidden[i * h + k];
+      }
+    }
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------
+// The problem on a backend.
+
+class Harness {
+ public:
+  Harness(const Scenario& s, DType dtype) : s_(s), dtype_(dtype) {}
+
+  absl::Status Init(const Device& device, const Data& d) {
+    ASSIGN_OR_RETURN(context_, Context::Create(device));
+    Context& c = *context_;
+    const int64_t hs = s_.pad == 0 ? 0 : s_.h + s_.pad;
+    ASSIGN_OR_RETURN(hidden, MakeArray(c, dtype_, {s_.n, s_.h}, hs));
+    ASSIGN_OR_RETURN(weight, MakeArray(c, dtype_, {s_.v, s_.h}, hs));
+    ASSIGN_OR_RETURN(
+        targets,
+        MakeArray(c, s_.targets_i32 ? DType::kI32 : DType::kI64, {s_.n}));
+    for (int64_t i = 0; i < s_.n * s_.h; ++i) hidden.Set(i, d.hidden[i]);
+    for (int64_t i = 0; i < s_.v * s_.h; ++i) weight.Set(i, d.weight[i]);
+    for (int64_t i = 0; i < s_.n; ++i)
+      targets.Set(i, static_cast<double>(d.targets[i]));
+    RETURN_IF_ERROR(Upload(c, hidden));
+    RETURN_IF_ERROR(Upload(c, weight));
+    RETURN_IF_ERROR(Upload(c, targets));
+    inputs.hidden = hidden.view;
+    inputs.weight = weight.view;
+    inputs.targets = targets.view;
+    if (!d.bias.empty()) {
+      ASSIGN_OR_RETURN(
+          bias, MakeArray(c, s_.bias == BiasKind::kF32 ? DType::kF32 : dtype_,
+                          {s_.v}));
+      for (int64_t j = 0; j < s_.v; ++j) bias.Set(j, d.bias[j]);
+      RETURN_IF_ERROR(Upload(c, bias));
+      inputs.bias = bias.view;
+    }
+    options.cross_entropy.ignore_index = kIgnore;
+    options.cross_entropy.reduction = s_.reduction;
+    options.cross_entropy.label_smoothing = s_.smoothing;
+    options.cross_entropy.z_loss = s_.z_loss;
+    options.cross_entropy.softcap = s_.softcap;
+    options.schedule = s_.schedule;
+    if (!d.class_weights.empty()) {
+      ASSIGN_OR_RETURN(class_weights, MakeArray(c, DType::kF32, {s_.v}));
+      for (int64_t j = 0; j < s_.v; ++j)
+        class_weights.Set(j, d.class_weights[j]);
+      RETURN_IF_ERROR(Upload(c, class_weights));
+      options.cross_entropy.class_weights = class_weights.view;
+    }
+    const bool none = s_.reduction == Reduction::kNone;
+    ASSIGN_OR_RETURN(loss,
+                     MakeArray(c, DType::kF32, none ? Shape{s_.n} : Shape{}));
+    ASSIGN_OR_RETURN(lse, MakeArray(c, DType::kF32, {s_.n}));
+    ASSIGN_OR_RETURN(grad_loss,
+                     MakeArray(c, DType::kF32, none ? Shape{s_.n} : Shape{}));
+    ASSIGN_OR_RETURN(
+        d_hidden,
+        MakeArray(c, s_.d_hidden_f32 ? DType::kF32 : dtype_, {s_.n, s_.h}, hs));
+    ASSIGN_OR_RETURN(
+        d_weight,
+        MakeArray(c, s_.d_weight_f32 ? DType::kF32 : dtype_, {s_.v, s_.h}, hs));
+    gradients.d_hidden = d_hidden.view;
+    gradients.d_weight = d_weight.view;
+    if (!d.bias.empty()) {
+      ASSIGN_OR_RETURN(
+          d_bias,
+          MakeArray(c, s_.d_bias_f32 ? DType::kF32 : bias.dtype, {s_.v}));
+      gradients.d_bias = d_bias.view;
+    }
+    if (device.is_cuda()) {
+      // The context's cuBLASLt workspace exists before any peak is measured.
+      RETURN_IF_ERROR(c.cublaslt_workspace().status());
+    }
+    return absl::OkStatus();
+  }
+
+  // The plan input of the fused call (for picking budgets).
+  lce::PlanInput FusedPlanInput() const {
+    lce::PlanInput in;
+    in.pass = lce::Pass::kForwardBackward;
+    in.device = context_->device().kind;
+    in.tokens = s_.n;
+    in.hidden = s_.h;
+    in.vocab = s_.v;
+    in.operand_type = dtype_;
+    in.d_hidden_type = d_hidden.dtype;
+    in.d_weight_type = d_weight.dtype;
+    in.has_bias = s_.bias != BiasKind::kNone;
+    in.bias_f32 = !in.has_bias || bias.dtype == DType::kF32;
+    in.d_bias_f32 = !in.has_bias || d_bias.dtype == DType::kF32;
+    in.reduction_none = s_.reduction == Reduction::kNone;
+    in.lse_given = false;  // the most demanding call: the fused one without lse
+    in.max_workspace_bytes = options.max_workspace_bytes;
+    in.use_tf32 = false;
+    in.overlap_streams = options.overlap_streams;
+    in.schedule = s_.schedule;
+    return in;
+  }
+
+  std::vector<Array*> Outputs() {
+    std::vector<Array*> outputs = {&loss, &lse, &d_hidden, &d_weight};
+    if (gradients.d_bias.has_value()) outputs.push_back(&d_bias);
+    return outputs;
+  }
+  absl::Status PoisonOutputs() {
+    for (Array* array : Outputs())
+      RETURN_IF_ERROR(PoisonArray(*context_, *array));
+    return absl::OkStatus();
+  }
+  absl::Status DownloadOutputs() {
+    for (Array* array : Outputs()) RETURN_IF_ERROR(Download(*context_, *array));
+    return absl::OkStatus();
+  }
+
+  Context& context() { return *context_; }
+
+  Array hidden, weight, bias, targets, class_weights;
+  Array loss, lse, grad_loss, d_hidden, d_weight, d_bias;
+  LinearCrossEntropyInputs inputs;
+  LinearCrossEntropyGradients gradients;
+  LinearCrossEntropyOptions options;
+
+ private:
+  const Scenario s_;
+  const DType dtype_;
+  std::unique_ptr<Context> context_;
+};
+
+// The smallest budget (to 1/64) that MakePlan accepts for `input`.
+int64_t SmallestBudget(lce::PlanInput input) {
+  int64_t high = 4096;
+  for (input.max_workspace_bytes = high; !lce::MakePlan(input).ok();
+       high *= 2) {
+    input.max_workspace_bytes = 2 * high;
+  }
+  int64_t low = high / 2;
+  while (high - low > std::max<int64_t>(high / 64, 256)) {
+    input.max_workspace_bytes = (low + high) / 2;
+    (lce::MakePlan(input).ok() ? high : low) = input.max_workspace_bytes;
+  }
+  return high;
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks.
+
+double NormRelativeError(const Array& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.Get(i);
+    diff += (g - want[i]) * (g - want[i]);
+    norm += want[i] * want[i];
+  }
+  if (norm == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / norm);
+}
+
+// Every logical element written (and finite), every padding element still
+// poisoned.
+void ExpectWrittenExactly(const Array& array, const std::string& what) {
+  int64_t unwritten = 0, bad = 0, padding_touched = 0;
+  for (int64_t i = 0; i < array.numel(); ++i) {
+    if (IsPoison(array.dtype, array.host, array.Index(i))) {
+      ++unwritten;
+    } else if (!std::isfinite(array.Get(i))) {
+      ++bad;
+    }
+  }
+  for (int64_t r = 0; r + 1 < array.rows(); ++r) {
+    for (int64_t k = array.cols(); k < array.row_stride(); ++k) {
+      if (!IsPoison(array.dtype, array.host, r * array.row_stride() + k))
+        ++padding_touched;
+    }
+  }
+  EXPECT_EQ(unwritten, 0) << what << ": elements left unwritten";
+  EXPECT_EQ(bad, 0) << what << ": non-finite elements";
+  EXPECT_EQ(padding_touched, 0) << what << ": row padding written";
+}
+
+double GradientTolerance(DType dtype) {
+  return dtype == DType::kF32 ? 1e-5 : 1e-2;
+}
+
+void ExpectLossAndLse(const Harness& h, const Scenario& s, const Expected& e,
+                      bool with_lse, const std::string& what) {
+  if (s.reduction == Reduction::kNone) {
+    for (int64_t i = 0; i < s.n; ++i) {
+      const double tolerance =
+          1e-5 * std::fabs(e.token_loss[i]) + kTwoUlpsF32 * std::fabs(e.lse[i]);
+      EXPECT_NEAR(h.loss.Get(i), e.token_loss[i], tolerance)
+          << what << ": loss of token " << i;
+    }
+  } else {
+    EXPECT_NEAR(h.loss.Get(0), e.loss, 1e-5 * std::fabs(e.loss) + 1e-30)
+        << what << ": loss";
+  }
+  if (with_lse) {
+    for (int64_t i = 0; i < s.n; ++i) {
+      EXPECT_NEAR(h.lse.Get(i), e.lse[i],
+                  1e-5 * std::fabs(e.lse[i]) + kTwoUlpsF32)
+          << what << ": lse of token " << i;
+    }
+  }
+}
+
+void ExpectGradients(const Harness& h, DType dtype, const Expected& e,
+                     const std::string& what) {
+  const double tolerance = GradientTolerance(dtype);
+  EXPECT_LT(NormRelativeError(h.d_hidden, e.d_hidden), tolerance)
+      << what << ": d_hidden";
+  EXPECT_LT(NormRelativeError(h.d_weight, e.d_weight), tolerance)
+      << what << ": d_weight";
+  if (h.gradients.d_bias.has_value()) {
+    EXPECT_LT(NormRelativeError(h.d_bias, e.d_bias), tolerance)
+        << what << ": d_bias";
+  }
+  ExpectWrittenExactly(h.d_hidden, what + " d_hidden");
+  ExpectWrittenExactly(h.d_weight, what + " d_weight");
+  if (h.gradients.d_bias.has_value())
+    ExpectWrittenExactly(h.d_bias, what + " d_bias");
+}
+
+// ---------------------------------------------------------------------------------------
+// The parameterized case: backend x dtype x scenario.
+
+struct CaseParam {
+  bool gpu;
+  DType dtype;
+  Scenario scenario;
+};
+
+std::string CaseName(const testing::TestParamInfo<CaseParam>& info) {
+  return absl::StrCat(info.param.gpu ? "cuda_" : "cpu_",
+                      DTypeName(info.param.dtype), "_",
+                      info.param.scenario.name);
+}
+
+std::vector<CaseParam> AllCases() {
+  std::vector<CaseParam> cases;
+  for (bool gpu : {false, true}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (const Scenario& s : Scenarios()) cases.push_back({gpu, dtype, s});
+    }
+  }
+  return cases;
+}
+
+class LinearCrossEntropyCaseTest : public testing::TestWithParam<CaseParam> {};
+
+TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
+  const CaseParam& param = GetParam();
+  if (param.gpu) {
+    SKIP_WITHOUT_GPU();
+  }
+  const Scenario& s = param.scenario;
+  const DType dtype = param.dtype;
+  const uint64_t seed = test::TestSeed();
+  const Data data = MakeData(s, dtype, seed);
+  Harness h(s, dtype);
+  ASSERT_OK(h.Init(param.gpu ? Device::Cuda(0) : Device::Cpu(), data));
+  Context& context = h.context();
+
+  if (s.smallest_budget) {
+    h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+  }
+  absl::StatusOr<lce::Plan> plan = lce::MakePlan(h.FusedPlanInput());
+  ASSERT_OK(plan.status());
+  SCOPED_TRACE(absl::StrCat("plan: ", plan->ToString(), ", budget ",
+                            h.options.max_workspace_bytes));
+  if (s.smallest_budget) {
+    // Many chunks, whose boundaries do not all divide N (or V).
+    if (plan->schedule == LinearCrossEntropySchedule::kTwoPass) {
+      // (With one token, a row of logits that fits holds every slice.)
+      if (s.n >= 8) {
+        EXPECT_GE(plan->num_slices, std::min<int64_t>(3, (s.v + 7) / 8));
+      }
+    } else {
+      EXPECT_GE(plan->num_chunks, std::min<int64_t>(3, s.n));
+    }
+  }
+  if (s.schedule != LinearCrossEntropySchedule::kAuto) {
+    EXPECT_EQ(plan->schedule, s.schedule);
+  }
+
+  const Expected expected = Reference(s, data, {});
+  std::vector<double> grad_loss;
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::uniform_real_distribution<double> uniform(0.25, 1.5);
+  for (int64_t i = 0; i < (s.reduction == Reduction::kNone ? s.n : 1); ++i) {
+    grad_loss.push_back(RoundTo(DType::kF32, uniform(rng)));
+    h.grad_loss.Set(i, grad_loss.back());
+  }
+  ASSERT_OK(Upload(context, h.grad_loss));
+  const Expected expected_scaled = Reference(s, data, grad_loss);
+
+  // Fused, with lse; the peak of the context's allocator stays within the
+  // budget.
+  ASSERT_OK(h.PoisonOutputs());
+  ASSERT_OK(context.Synchronize());
+  const int64_t base = context.allocator().current_bytes();
+  context.allocator().ResetPeak();
+  ASSERT_OK(LinearCrossEntropyForwardBackward(
+      context, h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+  ASSERT_OK(context.Synchronize());
+  if (param.gpu || dtype == DType::kF32) {
+    // (The CPU keeps fp32 copies of 16-bit operands outside the budget.)
+    EXPECT_LE(context.allocator().peak_bytes() - base,
+              h.options.max_workspace_bytes);
+  }
+  ASSERT_OK(h.DownloadOutputs());
+  ExpectWrittenExactly(h.loss, "fused loss");
+  ExpectWrittenExactly(h.lse, "fused lse");
+  ExpectLossAndLse(h, s, expected, true, "fused");
+  ExpectGradients(h, dtype, expected, "fused");
+
+  // The same bytes again.
+  std::vector<Bytes> first;
+  for (Array* array : h.Outputs()) first.push_back(array->host);
+  ASSERT_OK(h.PoisonOutputs());
+  ASSERT_OK(LinearCrossEntropyForwardBackward(
+      context, h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+  ASSERT_OK(h.DownloadOutputs());
+  for (size_t k = 0; k < first.size(); ++k) {
+    EXPECT_TRUE(first[k] == h.Outputs()[k]->host)
+        << "output " << k << " differs between runs";
+  }
+
+  // Fused with an incoming gradient, without lse.
+  ASSERT_OK(h.PoisonOutputs());
+  ASSERT_OK(LinearCrossEntropyForwardBackward(context, h.inputs, h.options,
+                                              h.loss.view, nullptr, h.gradients,
+                                              &h.grad_loss.view));
+  ASSERT_OK(h.DownloadOutputs());
+  ExpectLossAndLse(h, s, expected, false, "fused with grad_loss");
+  ExpectGradients(h, dtype, expected_scaled, "fused with grad_loss");
+
+  // Split: forward (loss and lse), then backward from that lse.
+  ASSERT_OK(h.PoisonOutputs());
+  ASSERT_OK(LinearCrossEntropyForward(context, h.inputs, h.options, h.loss.view,
+                                      &h.lse.view));
+  ASSERT_OK(h.DownloadOutputs());
+  ExpectWrittenExactly(h.loss, "forward loss");
+  ExpectWrittenExactly(h.lse, "forward lse");
+  ExpectLossAndLse(h, s, expected, true, "forward");
+  for (Array* array : {&h.d_hidden, &h.d_weight}) {
+    EXPECT_EQ(array->Values().size(), static_cast<size_t>(array->numel()));
+    for (int64_t i = 0; i < array->numel(); ++i) {
+      ASSERT_TRUE(IsPoison(array->dtype, array->host, array->Index(i)))
+          << "forward wrote a gradient";
+    }
+  }
+  ASSERT_OK(LinearCrossEntropyBackward(
+      context, h.inputs, h.lse.view, h.grad_loss.view, h.options, h.gradients));
+  ASSERT_OK(h.DownloadOutputs());
+  ExpectGradients(h, dtype, expected_scaled, "split backward");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, LinearCrossEntropyCaseTest,
+                         testing::ValuesIn(AllCases()), CaseName);
+
+// ---------------------------------------------------------------------------------------
+// Plans.
+
+TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
+  std::mt19937_64 rng(test::TestSeed());
+  auto pick = [&](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(rng);
+  };
+  int feasible = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    lce::PlanInput in;
+    in.pass = static_cast<lce::Pass>(pick(0, 2));
+    in.device = pick(0, 1) ? DeviceKind::kCuda : DeviceKind::kCpu;
+    in.tokens = pick(0, 3) == 0 ? pick(0, 3) : pick(1, 5000);
+    in.hidden = pick(1, 700);
+    in.vocab = pick(1, 60000);
+    const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
+    in.operand_type = types[pick(0, 2)];
+    in.d_hidden_type = pick(0, 1) ? DType::kF32 : in.operand_type;
+    in.d_weight_type = pick(0, 1) ? DType::kF32 : in.operand_type;
+    in.has_bias = pick(0, 1);
+    in.bias_f32 = pick(0, 1);
+    in.d_bias_f32 = pick(0, 1);
+    in.reduction_none = pick(0, 2) == 0;
+    in.lse_given = in.pass == lce::Pass::kBackward || pick(0, 1);
+    in.max_workspace_bytes = int64_t{1} << pick(10, 33);
+    in.max_workspace_bytes += pick(0, in.max_workspace_bytes);
+    in.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 2));
+    const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
+    if (!plan.ok()) {
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(plan.status().message().find("needs at least"),
+                absl::string_view::npos);
+      continue;
+    }
+    ++feasible;
+    SCOPED_TRACE(absl::StrCat(
+        "N=", in.tokens, " H=", in.hidden, " V=", in.vocab,
+        " budget=", in.max_workspace_bytes, ": ", plan->ToString()));
+    EXPECT_LE(plan->total_bytes, in.max_workspace_bytes);
+    EXPECT_EQ(plan->chunk_ld % 8, 0);
+    // Sub-buffers inside the block, after the logits.
+    for (int64_t offset :
+         {plan->stats_offset, plan->row_loss_offset, plan->lse_offset,
+          plan->grad_scale_offset, plan->bias_offset, plan->ones_offset,
+          plan->d_bias_acc_offset, plan->d_weight_acc_offset}) {
+      if (offset < 0) continue;
+      EXPECT_EQ(offset % 256, 0);
+      EXPECT_GE(offset, plan->logits_bytes);
+      EXPECT_LE(offset, plan->block_bytes);
+    }
+    if (in.pass != lce::Pass::kForward && in.d_weight_type != DType::kF32 &&
+        plan->schedule == LinearCrossEntropySchedule::kTokenChunks &&
+        in.tokens > 0) {
+      EXPECT_GE(plan->d_weight_acc_offset, 0);
+    }
+    // Token blocks tile [0, N) in order with the whole vocabulary; slices tile
+    // [0, V).
+    int64_t next_row = 0, next_col = 0;
+    for (const lce::Block& block : lce::MakeBlocks(in, *plan)) {
+      EXPECT_LE((block.row_end - block.row_begin) * block.ld * 4,
+                plan->logits_bytes);
+      EXPECT_LE(block.col_end - block.col_begin, block.ld);
+      EXPECT_EQ(block.ld % 8, 0);
+      if (block.mode == lce::CeMode::kSliceBackward) {
+        EXPECT_EQ(next_row, in.tokens) << "slices before the token pass ended";
+        EXPECT_EQ(block.col_begin, next_col);
+        EXPECT_EQ(block.row_begin, 0);
+        EXPECT_EQ(block.row_end, in.tokens);
+        EXPECT_TRUE(block.d_weight && !block.d_hidden && !block.accumulate);
+        next_col = block.col_end;
+      } else {
+        EXPECT_EQ(block.row_begin, next_row);
+        EXPECT_EQ(block.col_begin, 0);
+        EXPECT_EQ(block.col_end, in.vocab);
+        EXPECT_GT(block.row_end, block.row_begin);
+        EXPECT_EQ(block.accumulate, block.row_begin > 0);
+        next_row = block.row_end;
+      }
+    }
+    EXPECT_EQ(next_row, in.tokens);
+    if (in.pass != lce::Pass::kForward &&
+        plan->schedule == LinearCrossEntropySchedule::kTwoPass) {
+      EXPECT_EQ(next_col, in.vocab);
+    }
+  }
+  EXPECT_GT(feasible, 1000);
+}
+
+lce::PlanInput BenchPlanInput(int64_t n, int64_t h, int64_t v, int64_t budget,
+                              DType d_weight) {
+  lce::PlanInput in;
+  in.pass = lce::Pass::kForwardBackward;
+  in.device = DeviceKind::kCuda;
+  in.tokens = n;
+  in.hidden = h;
+  in.vocab = v;
+  in.operand_type = DType::kBF16;
+  in.d_hidden_type = DType::kBF16;
+  in.d_weight_type = d_weight;
+  in.max_workspace_bytes = budget;
+  return in;
+}
+
+// What the performance targets rest on: at the default budget the benchmark's
+// shapes run token chunks of >= 1024 tokens with an fp32 d_weight; a 16-bit
+// d_weight whose fp32 accumulator does not fit switches to the two-pass
+// schedule rather than fail.
+TEST(LinearCrossEntropyPlanTest, BenchmarkShapes) {
+  const int64_t shapes[][3] = {{4096, 4096, 128256},
+                               {16384, 4096, 128256},
+                               {16384, 768, 50304},
+                               {8192, 2304, 256000}};
+  for (const auto& shape : shapes) {
+    for (int64_t budget :
+         {int64_t{64} << 20, int64_t{256} << 20, kGiB, 4 * kGiB}) {
+      for (DType d_weight : {DType::kF32, DType::kBF16}) {
+        const absl::StatusOr<lce::Plan> plan = lce::MakePlan(
+            BenchPlanInput(shape[0], shape[1], shape[2], budget, d_weight));
+        ASSERT_OK(plan.status());
+        std::printf(
+            "N=%-6lld H=%-5lld V=%-7lld budget %5lld MiB d_weight %-4s: %s, "
+            "est %.1f ms\n",
+            static_cast<long long>(shape[0]), static_cast<long long>(shape[1]),
+            static_cast<long long>(shape[2]),
+            static_cast<long long>(budget >> 20), DTypeName(d_weight),
+            plan->ToString().c_str(), plan->estimated_seconds * 1e3);
+        EXPECT_LE(plan->total_bytes, budget);
+        if (budget == kGiB && d_weight == DType::kF32) {
+          EXPECT_EQ(plan->schedule, LinearCrossEntropySchedule::kTokenChunks);
+          EXPECT_GE(plan->chunk_rows, 1024);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Special cases on every backend.
+
+class LinearCrossEntropyTest : public testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      SKIP_WITHOUT_GPU();
+    }
+  }
+  Device device() const { return GetParam() ? Device::Cuda(0) : Device::Cpu(); }
+};
+
+std::string BackendName(const testing::TestParamInfo<bool>& info) {
+  return info.param ? "cuda" : "cpu";
+}
+
+TEST_P(LinearCrossEntropyTest, NoTokensGiveZeroLossAndGradients) {
+  Scenario s;
+  s.n = 0;
+  s.bias = BiasKind::kF32;
+  const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+  Harness h(s, DType::kBF16);
+  ASSERT_OK(h.Init(device(), data));
+  ASSERT_OK(h.PoisonOutputs());
+  ASSERT_OK(LinearCrossEntropyForwardBackward(
+      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+  ASSERT_OK(h.DownloadOutputs());
+  EXPECT_EQ(h.loss.Get(0), 0.0);
+  for (int64_t i = 0; i < h.d_weight.numel(); ++i)
+    ASSERT_EQ(h.d_weight.Get(i), 0.0);
+  for (int64_t i = 0; i < h.d_bias.numel(); ++i)
+    ASSERT_EQ(h.d_bias.Get(i), 0.0);
+}
+
+TEST_P(LinearCrossEntropyTest, AllIgnoredGivesZeroLossAndGradients) {
+  for (LinearCrossEntropySchedule schedule :
+       {LinearCrossEntropySchedule::kTokenChunks,
+        LinearCrossEntropySchedule::kTwoPass}) {
+    Scenario s;
+    s.ignore_fraction = 1.0;
+    s.bias = BiasKind::kF32;
+    s.z_loss = 1e-2f;
+    s.smoothing = 0.1f;
+    s.schedule = schedule;
+    const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+    Harness h(s, DType::kBF16);
+    ASSERT_OK(h.Init(device(), data));
+    ASSERT_OK(h.PoisonOutputs());
+    ASSERT_OK(LinearCrossEntropyForwardBackward(h.context(), h.inputs,
+                                                h.options, h.loss.view,
+                                                &h.lse.view, h.gradients));
+    ASSERT_OK(h.DownloadOutputs());
+    EXPECT_EQ(h.loss.Get(0), 0.0);
+    for (Array* array : {&h.d_hidden, &h.d_weight, &h.d_bias}) {
+      for (int64_t i = 0; i < array->numel(); ++i)
+        ASSERT_EQ(array->Get(i), 0.0);
+    }
+  }
+}
+
+// Every bad call returns InvalidArgument and leaves every output poisoned.
+TEST_P(LinearCrossEntropyTest, BadInputsAreRejectedAndWriteNothing) {
+  Scenario s;
+  s.bias = BiasKind::kF32;
+  s.class_weights = true;
+  const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+  Harness h(s, DType::kBF16);
+  ASSERT_OK(h.Init(device(), data));
+  Context& context = h.context();
+  absl::StatusOr<Array> made = MakeArray(context, DType::kI64, {s.n});
+  ASSERT_OK(made.status());
+  Array wrong_target = std::move(made).value();
+  for (int64_t i = 0; i < s.n; ++i) wrong_target.Set(i, data.targets[i]);
+  wrong_target.Set(s.n / 2, s.v);  // out of range
+  ASSERT_OK(Upload(context, wrong_target));
+  made = MakeArray(context, DType::kF32, {s.v});
+  ASSERT_OK(made.status());
+  Array negative_weights = std::move(made).value();
+  for (int64_t j = 0; j < s.v; ++j)
+    negative_weights.Set(j, j == 7 ? -1.0 : 1.0);
+  ASSERT_OK(Upload(context, negative_weights));
+  Array host_hidden;  // on the CPU whatever the backend
+  host_hidden.dtype = DType::kBF16;
+  host_hidden.shape = {s.n, s.h};
+  host_hidden.host.assign(s.n * s.h * 2, 0);
+
+  struct Bad {
+    std::string name;
+    std::function<void(LinearCrossEntropyInputs&, LinearCrossEntropyOptions&,
+                       LinearCrossEntropyGradients&, Tensor& loss)>
+        edit;
+  };
+  std::vector<Bad> bads = {
+      {"hidden rank",
+       [](auto& in, auto&, auto&, auto&) {
+         in.hidden.shape = {in.hidden.dim(0) * in.hidden.dim(1)};
+       }},
+      {"weight dtype",
+       [](auto& in, auto&, auto&, auto&) { in.weight.dtype = DType::kF16; }},
+      {"hidden size",
+       [](auto& in, auto&, auto&, auto&) { in.weight.shape[1] -= 1; }},
+      {"targets shape",
+       [](auto& in, auto&, auto&, auto&) { in.targets.shape[0] -= 1; }},
+      {"targets dtype",
+       [](auto& in, auto&, auto&, auto&) { in.targets.dtype = DType::kF32; }},
+      {"bias shape",
+       [](auto& in, auto&, auto&, auto&) { in.bias->shape[0] += 1; }},
+      {"bias dtype",
+       [](auto& in, auto&, auto&, auto&) { in.bias->dtype = DType::kF16; }},
+      {"d_bias missing",
+       [](auto&, auto&, auto& g, auto&) { g.d_bias.reset(); }},
+      {"d_bias without bias",
+       [](auto& in, auto&, auto&, auto&) { in.bias.reset(); }},
+      {"d_weight dtype",
+       [](auto&, auto&, auto& g, auto&) { g.d_weight.dtype = DType::kF16; }},
+      {"d_hidden shape",
+       [](auto&, auto&, auto& g, auto&) { g.d_hidden.shape[0] += 1; }},
+      {"loss shape", [](auto&, auto&, auto&, auto& loss) { loss.shape = {2}; }},
+      {"null hidden",
+       [](auto& in, auto&, auto&, auto&) { in.hidden.data = nullptr; }},
+      {"row stride",
+       [](auto& in, auto&, auto&, auto&) { in.hidden.row_stride = 3; }},
+      {"smoothing", [](auto&, auto& o, auto&,
+                       auto&) { o.cross_entropy.label_smoothing = 1.0f; }},
+      {"z_loss",
+       [](auto&, auto& o, auto&, auto&) { o.cross_entropy.z_loss = -1.0f; }},
+      {"softcap",
+       [](auto&, auto& o, auto&, auto&) { o.cross_entropy.softcap = NAN; }},
+      {"class weights shape",
+       [](auto&, auto& o, auto&, auto&) {
+         o.cross_entropy.class_weights->shape[0] -= 1;
+       }},
+      {"budget",
+       [](auto&, auto& o, auto&, auto&) { o.max_workspace_bytes = 1000; }},
+      {"zero budget",
+       [](auto&, auto& o, auto&, auto&) { o.max_workspace_bytes = 0; }},
+      {"target out of range",
+       [&](auto& in, auto&, auto&, auto&) { in.targets = wrong_target.view; }},
+      {"negative class weight",
+       [&](auto&, auto& o, auto&, auto&) {
+         o.cross_entropy.class_weights = negative_weights.view;
+       }},
+      {"output overlaps input",
+       [](auto& in, auto&, auto& g, auto&) {
+         g.d_weight.data = in.weight.data;
+         g.d_weight.dtype = in.weight.dtype;
+       }},
+      {"outputs overlap",
+       [](auto&, auto&, auto& g, auto&) { g.d_bias->data = g.d_weight.data; }},
+  };
+  if (GetParam()) {
+    bads.push_back({"hidden on the host", [&](auto& in, auto&, auto&, auto&) {
+                      in.hidden =
+                          Tensor::Of(host_hidden.host.data(), DType::kBF16,
+                                     {s.n, s.h}, Device::Cpu());
+                    }});
+  }
+  for (const Bad& bad : bads) {
+    SCOPED_TRACE(bad.name);
+    LinearCrossEntropyInputs inputs = h.inputs;
+    LinearCrossEntropyOptions options = h.options;
+    LinearCrossEntropyGradients gradients = h.gradients;
+    Tensor loss = h.loss.view;
+    bad.edit(inputs, options, gradients, loss);
+    ASSERT_OK(h.PoisonOutputs());
+    const absl::Status status = LinearCrossEntropyForwardBackward(
+        context, inputs, options, loss, &h.lse.view, gradients);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    ASSERT_OK(h.DownloadOutputs());
+    for (Array* array : h.Outputs()) {
+      for (int64_t i = 0; i < static_cast<int64_t>(array->host.size()) /
+                                  DTypeSize(array->dtype);
+           ++i) {
+        ASSERT_TRUE(IsPoison(array->dtype, array->host, i))
+            << "an output was written";
+      }
+    }
+  }
+}
+
+// The budget error names the smallest budget that works, and that budget works.
+TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
+  Scenario s;
+  s.schedule = LinearCrossEntropySchedule::kTokenChunks;
+  const Data data = MakeData(s, DType::kF32, test::TestSeed());
+  Harness h(s, DType::kF32);
+  ASSERT_OK(h.Init(device(), data));
+  h.options.max_workspace_bytes = 512;
+  const absl::Status status = LinearCrossEntropyForwardBackward(
+      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients);
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(status.message());
+  const size_t at = message.find("needs at least ");
+  ASSERT_NE(at, std::string::npos) << message;
+  h.options.max_workspace_bytes = std::stoll(message.substr(at + 15));
+  ASSERT_OK(LinearCrossEntropyForwardBackward(
+      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LinearCrossEntropyTest, testing::Bool(),
+                         BackendName);
+
+// ---------------------------------------------------------------------------------------
+// Finite differences of the op's own forward on the CPU (f32), for both
+// schedules.
+
+TEST(LinearCrossEntropyGradientTest, MatchesFiniteDifferences) {
+  for (LinearCrossEntropySchedule schedule :
+       {LinearCrossEntropySchedule::kTokenChunks,
+        LinearCrossEntropySchedule::kTwoPass}) {
+    Scenario s;
+    s.n = 6;
+    s.h = 5;
+    s.v = 13;
+    s.bias = BiasKind::kF32;
+    s.reduction = Reduction::kSum;
+    s.smoothing = 0.1f;
+    s.z_loss = 0.02f;
+    s.softcap = 2.5f;
+    s.class_weights = true;
+    s.d_hidden_f32 = true;
+    s.schedule = schedule;
+    s.logit_scale = 1.5;
+    const uint64_t seed = test::TestSeed();
+    Data data = MakeData(s, DType::kF32, seed);
+    data.targets[2] = kIgnore;
+    Harness h(s, DType::kF32);
+    ASSERT_OK(h.Init(Device::Cpu(), data));
+    h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+    ASSERT_OK(LinearCrossEntropyForwardBackward(
+        h.context(), h.inputs, h.options, h.loss.view, nullptr, h.gradients));
+    ASSERT_OK(h.DownloadOutputs());
+    auto loss_at = [&](Array& array, int64_t i, double value) {
+      const double saved = array.Get(i);
+      array.Set(i, value);
+      EXPECT_TRUE(Upload(h.context(), array).ok());
+      EXPECT_TRUE(LinearCrossEntropyForward(h.context(), h.inputs, h.options,
+                                            h.loss.view)
+                      .ok());
+      EXPECT_TRUE(Download(h.context(), h.loss).ok());
+      array.Set(i, saved);
+      EXPECT_TRUE(Upload(h.context(), array).ok());
+      return h.loss.Get(0);
+    };
+    const double eps = 1e-2;
+    auto check = [&](Array& input, const Array& gradient, const char* name) {
+      for (int64_t i = 0; i < input.numel();
+           i += std::max<int64_t>(1, input.numel() / 9)) {
+        const double x = input.Get(i);
+        const double fd =
+            (loss_at(input, i, x + eps) - loss_at(input, i, x - eps)) /
+            (2 * eps);
+        EXPECT_NEAR(gradient.Get(i), fd, 2e-3 + 1e-2 * std::fabs(fd))
+            << name << "[" << i << "]";
+      }
+    };
+    check(h.hidden, h.d_hidden, "d_hidden");
+    check(h.weight, h.d_weight, "d_weight");
+    check(h.bias, h.d_bias, "d_bias");
+  }
+}
+
+}  // namespace
+}  // namespace lossrt
