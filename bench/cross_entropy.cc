@@ -1,0 +1,428 @@
+// Benchmark of the cross-entropy op (`bazel run -c opt //bench:cross_entropy`):
+// for each vocab of the workload of record (tokens 16384, vocab 4096..131072)
+// and each dtype, the median time of forward (loss only), backward (from a
+// saved lse) and fused forward+backward, as GB/s, as a fraction of the HBM peak
+// (from the memory clock and bus width) and of the device-to-device copy rate
+// measured at the start of the same run. Without a GPU it runs the CPU backend
+// on a smaller size and says so.
+#include "loss/cross_entropy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/random.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "bench/bench_util.h"
+#include "loss/cross_entropy_cuda.h"
+#include "runtime/cuda_context.h"
+#endif
+
+ABSL_FLAG(int64_t, tokens, 16384, "tokens (rows of the logits)");
+ABSL_FLAG(std::string, vocabs, "4096,8192,16384,32768,65536,131072",
+          "comma-separated vocab sizes");
+ABSL_FLAG(std::string, dtypes, "f32,bf16", "logits dtypes: f32, bf16, f16");
+ABSL_FLAG(int, repeats, 30, "timed repetitions per case (median reported)");
+ABSL_FLAG(int, warmup, 5, "untimed repetitions first");
+ABSL_FLAG(bool, validate_targets, false,
+          "time with the target range check (a one-block scan and a host "
+          "read-back per call)");
+ABSL_FLAG(std::string, json, "",
+          "write the results as JSON lines to this path");
+ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
+ABSL_FLAG(bool, sweep, false,
+          "GPU only: time the row kernels' launch variants (slice size, "
+          "stages, pieces per thread, "
+          "cluster limit) through the internal launchers, to pick the "
+          "automatic choice");
+
+namespace lossrt {
+namespace {
+
+// Largest relative errors of the GPU against the CPU backend on the first rows.
+struct Check {
+  double lse_error = -1;
+  double grad_error = -1;
+};
+
+struct Row {
+  std::string dtype;
+  int64_t vocab;
+  std::string op;
+  double us;
+  double bytes;
+  Check check;
+};
+
+// Runs the fused op on the GPU, then the CPU backend on copies of the first
+// rows, and compares lse and gradients: a guard that the timed kernels compute
+// the right thing.
+absl::StatusOr<Check> CheckAgainstCpu(Context& gpu, const Tensor& logits,
+                                      const Tensor& targets, const Tensor& lse,
+                                      const Tensor& grad) {
+  const int64_t tokens = logits.dim(0), vocab = logits.dim(1),
+                rows = std::min<int64_t>(tokens, 16);
+  CrossEntropyOptions options;
+  ASSIGN_OR_RETURN(OwnedTensor loss,
+                   EmptyTensor(gpu.allocator(), DType::kF32, {}));
+  RETURN_IF_ERROR(CrossEntropyForwardBackward(gpu, logits, targets, options,
+                                              loss.view, &lse, grad));
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> cpu,
+                   Context::Create(Device::Cpu()));
+  auto head = [&](const Tensor& t) {
+    Tensor view = t;
+    view.shape[0] = rows;
+    return view;
+  };
+  ASSIGN_OR_RETURN(OwnedTensor host_logits,
+                   EmptyTensor(cpu->allocator(), logits.dtype, {rows, vocab}));
+  ASSIGN_OR_RETURN(OwnedTensor host_targets,
+                   EmptyTensor(cpu->allocator(), targets.dtype, {rows}));
+  ASSIGN_OR_RETURN(OwnedTensor gpu_lse,
+                   EmptyTensor(cpu->allocator(), DType::kF32, {rows}));
+  ASSIGN_OR_RETURN(OwnedTensor gpu_grad,
+                   EmptyTensor(cpu->allocator(), grad.dtype, {rows, vocab}));
+  RETURN_IF_ERROR(CopyTensor(head(logits), host_logits.view, gpu));
+  RETURN_IF_ERROR(CopyTensor(head(targets), host_targets.view, gpu));
+  RETURN_IF_ERROR(CopyTensor(head(lse), gpu_lse.view, gpu));
+  RETURN_IF_ERROR(CopyTensor(head(grad), gpu_grad.view, gpu));
+  // Sum reduction scaled by 1/tokens gives the rows' share of the full batch's
+  // mean.
+  options.reduction = Reduction::kSum;
+  ASSIGN_OR_RETURN(OwnedTensor cpu_loss,
+                   EmptyTensor(cpu->allocator(), DType::kF32, {}));
+  ASSIGN_OR_RETURN(OwnedTensor cpu_lse,
+                   EmptyTensor(cpu->allocator(), DType::kF32, {rows}));
+  ASSIGN_OR_RETURN(OwnedTensor cpu_grad,
+                   EmptyTensor(cpu->allocator(), grad.dtype, {rows, vocab}));
+  ASSIGN_OR_RETURN(OwnedTensor scale,
+                   EmptyTensor(cpu->allocator(), DType::kF32, {}));
+  scale.view.data_as<float>()[0] = 1.0f / static_cast<float>(tokens);
+  RETURN_IF_ERROR(CrossEntropyForwardBackward(
+      *cpu, host_logits.view, host_targets.view, options, cpu_loss.view,
+      &cpu_lse.view, cpu_grad.view, &scale.view));
+  auto value = [](const Tensor& t, int64_t i) -> double {
+    switch (t.dtype) {
+      case DType::kBF16:
+        return Bf16BitsToFloat(t.data_as<uint16_t>()[i]);
+      case DType::kF16:
+        return F16BitsToFloat(t.data_as<uint16_t>()[i]);
+      default:
+        return t.data_as<float>()[i];
+    }
+  };
+  Check check{0, 0};
+  double grad_max = 0, grad_diff = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double a = gpu_lse.view.data_as<float>()[r],
+                 b = cpu_lse.view.data_as<float>()[r];
+    check.lse_error = std::max(check.lse_error,
+                               std::abs(a - b) / std::max(std::abs(b), 1e-30));
+  }
+  for (int64_t i = 0; i < rows * vocab; ++i) {
+    const double a = value(gpu_grad.view, i), b = value(cpu_grad.view, i);
+    grad_max = std::max(grad_max, std::abs(b));
+    grad_diff = std::max(grad_diff, std::abs(a - b));
+  }
+  if (!(check.lse_error <= 1.0)) check.lse_error = 1.0;  // NaN shows as 1
+  check.grad_error =
+      grad_max > 0 && grad_diff == grad_diff ? grad_diff / grad_max : 1.0;
+  return check;
+}
+
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  return InvalidArgument("unknown dtype ", name);
+}
+
+#ifdef LOSSRT_WITH_CUDA
+// Times LaunchRows / LaunchBackward over launch variants; prints GB/s against
+// the copy rate.
+absl::Status Sweep(Context& context, int64_t tokens,
+                   const std::vector<int64_t>& vocabs, double copy_rate) {
+  struct Variant {
+    const char* name;
+    int kernel, stages, blocks_per_sm;
+  };
+  // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
+  // pipelined backward, 3 warp per row (forward; fused as two streaming
+  // passes).
+  const std::vector<Variant> variants = {
+      {"auto", 0, 0, 0},    {"cluster", 1, 0, 0}, {"warp", 3, 0, 0},
+      {"warp/b2", 3, 0, 2}, {"pipe/s3", 2, 3, 0},
+  };
+
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context.device()));
+  std::printf(
+      "\nsweep: tokens=%lld; %%copy of fwd counts one read, fused/bwd "
+      "read+write\n",
+      static_cast<long long>(tokens));
+  std::printf("%5s %7s %-11s %10s %10s %10s\n", "dtype", "vocab", "variant",
+              "fwd%copy", "fused%copy", "bwd%copy");
+  uint64_t seed = 1234;
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (int64_t vocab : vocabs) {
+      ASSIGN_OR_RETURN(OwnedTensor logits, EmptyTensor(context.allocator(),
+                                                       dtype, {tokens, vocab}));
+      ASSIGN_OR_RETURN(OwnedTensor grad, EmptyTensor(context.allocator(), dtype,
+                                                     {tokens, vocab}));
+      ASSIGN_OR_RETURN(OwnedTensor targets,
+                       EmptyTensor(context.allocator(), DType::kI64, {tokens}));
+      ASSIGN_OR_RETURN(OwnedTensor row_loss,
+                       EmptyTensor(context.allocator(), DType::kF32, {tokens}));
+      ASSIGN_OR_RETURN(OwnedTensor lse,
+                       EmptyTensor(context.allocator(), DType::kF32, {tokens}));
+      ASSIGN_OR_RETURN(Buffer stats,
+                       context.allocator().Allocate(sizeof(ce::TargetStats)));
+      RETURN_IF_ERROR(FillNormal(logits.view, ++seed, 0.0f, 2.0f, context));
+      RETURN_IF_ERROR(FillRandomInt(targets.view, ++seed, 0, vocab, context));
+      CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
+          targets.view.data, true, tokens, vocab, -100, nullptr,
+          stats.data_as<ce::TargetStats>(), stream));
+      const double bytes =
+          static_cast<double>(tokens) * vocab * DTypeSize(dtype);
+      for (const Variant& variant : variants) {
+        ce::RowArgs args;
+        args.logits = logits.view.data;
+        args.logits_type = static_cast<int>(dtype);
+        args.grad_type = static_cast<int>(dtype);
+        args.logits_stride = vocab;
+        args.rows = tokens;
+        args.vocab = vocab;
+        args.targets = targets.view.data;
+        args.stats = stats.data_as<ce::TargetStats>();
+        args.row_loss = row_loss.view.data_as<float>();
+        args.lse = lse.view.data_as<float>();
+        args.tune_stages = variant.stages;
+        args.tune_kernel = variant.kernel;
+        args.tune_blocks_per_sm = variant.blocks_per_sm;
+        double pct[3];
+        for (int op = 0; op < 3; ++op) {
+          ce::RowArgs run = args;
+          if (op > 0) {
+            run.grad = grad.view.data;
+            run.grad_stride = vocab;
+          }
+          auto fn = [&](int) -> absl::Status {
+            CUDA_RETURN_IF_ERROR(
+                op == 2 ? ce::LaunchBackward(run, info.sm_count, stream)
+                        : ce::LaunchRows(run, info.sm_count, stream));
+            return absl::OkStatus();
+          };
+          auto ms = bench::MedianMs(stream, 3, 15, fn);
+          if (!ms.ok()) {
+            pct[op] = -1;
+            cudaGetLastError();
+            continue;
+          }
+          pct[op] =
+              100 * (op == 0 ? bytes : 2 * bytes) / (*ms * 1e-3) / copy_rate;
+        }
+        std::printf("%5s %7lld %-11s %10.1f %10.1f %10.1f\n", DTypeName(dtype),
+                    static_cast<long long>(vocab), variant.name, pct[0], pct[1],
+                    pct[2]);
+      }
+      RETURN_IF_ERROR(context.Synchronize());
+    }
+  return absl::OkStatus();
+}
+#endif
+
+absl::Status Run() {
+  ASSIGN_OR_RETURN(Device device, ParseDevice(absl::GetFlag(FLAGS_device)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
+  int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  std::vector<int64_t> vocabs;
+  for (absl::string_view piece :
+       absl::StrSplit(absl::GetFlag(FLAGS_vocabs), ',')) {
+    int64_t vocab;
+    if (!absl::SimpleAtoi(piece, &vocab))
+      return InvalidArgument("bad vocab ", piece);
+    vocabs.push_back(vocab);
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  double copy_rate = 0, hbm_peak = 0;
+  std::string device_name = "cpu";
+  if (device.is_cpu()) {
+    tokens = std::min<int64_t>(tokens, 256);
+    std::printf(
+        "No GPU: running the CPU backend on %lld tokens (a smaller size than "
+        "the GPU workload).\n",
+        static_cast<long long>(tokens));
+  } else {
+#ifdef LOSSRT_WITH_CUDA
+    ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(device));
+    device_name = info.name;
+    hbm_peak = info.PeakMemoryBandwidthBytesPerSecond();
+    ASSIGN_OR_RETURN(copy_rate,
+                     bench::CopyBandwidth(*context, int64_t{2} << 30));
+    std::printf(
+        "%s: %d SMs, HBM peak %.0f GB/s (memory clock x bus width), copy %.0f "
+        "GB/s (measured now)\n",
+        info.name.c_str(), info.sm_count, hbm_peak / 1e9, copy_rate / 1e9);
+#endif
+  }
+#ifdef LOSSRT_WITH_CUDA
+  if (absl::GetFlag(FLAGS_sweep) && device.is_cuda())
+    return Sweep(*context, tokens, vocabs, copy_rate);
+#endif
+  CrossEntropyOptions options;
+  options.validate_targets = absl::GetFlag(FLAGS_validate_targets);
+  std::vector<Row> rows;
+  uint64_t seed = static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count());
+  for (absl::string_view dtype_name :
+       absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    ASSIGN_OR_RETURN(DType dtype, ParseDType(dtype_name));
+    for (int64_t vocab : vocabs) {
+      // Two input sets, each larger than the L2 cache, used in turn.
+      constexpr int kSets = 2;
+      std::vector<OwnedTensor> logits(kSets);
+      for (int s = 0; s < kSets; ++s) {
+        ASSIGN_OR_RETURN(logits[s], EmptyTensor(context->allocator(), dtype,
+                                                {tokens, vocab}));
+        RETURN_IF_ERROR(
+            FillNormal(logits[s].view, ++seed, 0.0f, 2.0f, *context));
+      }
+      ASSIGN_OR_RETURN(OwnedTensor targets, EmptyTensor(context->allocator(),
+                                                        DType::kI64, {tokens}));
+      RETURN_IF_ERROR(FillRandomInt(targets.view, ++seed, 0, vocab, *context));
+      ASSIGN_OR_RETURN(OwnedTensor grad, EmptyTensor(context->allocator(),
+                                                     dtype, {tokens, vocab}));
+      ASSIGN_OR_RETURN(OwnedTensor loss,
+                       EmptyTensor(context->allocator(), DType::kF32, {}));
+      ASSIGN_OR_RETURN(OwnedTensor lse, EmptyTensor(context->allocator(),
+                                                    DType::kF32, {tokens}));
+      ASSIGN_OR_RETURN(OwnedTensor grad_loss,
+                       EmptyTensor(context->allocator(), DType::kF32, {}));
+      RETURN_IF_ERROR(
+          FillUniform(grad_loss.view, ++seed, 0.5f, 1.5f, *context));
+      RETURN_IF_ERROR(
+          context->ReserveWorkspace(CrossEntropyWorkspaceBytes(tokens, vocab)));
+      const double bytes_read =
+          static_cast<double>(tokens) * vocab * DTypeSize(dtype);
+      struct Op {
+        const char* name;
+        double bytes;
+        std::function<absl::Status(int)> fn;
+      };
+      std::vector<Op> ops = {
+          {"forward", bytes_read,
+           [&](int i) {
+             return CrossEntropyForward(*context, logits[i % kSets].view,
+                                        targets.view, options, loss.view,
+                                        &lse.view);
+           }},
+          {"backward", 2 * bytes_read,
+           [&](int i) {
+             return CrossEntropyBackward(*context, logits[i % kSets].view,
+                                         targets.view, lse.view, grad_loss.view,
+                                         options, grad.view);
+           }},
+          {"fused", 2 * bytes_read,
+           [&](int i) {
+             return CrossEntropyForwardBackward(
+                 *context, logits[i % kSets].view, targets.view, options,
+                 loss.view, &lse.view, grad.view);
+           }},
+      };
+      for (Op& op : ops) {
+        double ms = 0;
+        if (device.is_cpu()) {
+          std::vector<double> times;
+          for (int i = 0; i < 3; ++i) {
+            auto start = std::chrono::steady_clock::now();
+            RETURN_IF_ERROR(op.fn(i));
+            times.push_back(std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - start)
+                                .count());
+          }
+          std::sort(times.begin(), times.end());
+          ms = times[1];
+        } else {
+#ifdef LOSSRT_WITH_CUDA
+          ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(*context));
+          ASSIGN_OR_RETURN(ms, bench::MedianMs(stream, warmup, repeats, op.fn));
+#endif
+        }
+        rows.push_back(
+            Row{std::string(dtype_name), vocab, op.name, ms * 1e3, op.bytes});
+      }
+      RETURN_IF_ERROR(context->Synchronize());
+      if (!device.is_cpu()) {
+        ASSIGN_OR_RETURN(Check check,
+                         CheckAgainstCpu(*context, logits[0].view, targets.view,
+                                         lse.view, grad.view));
+        rows.back().check = check;
+      }
+    }
+  }
+  std::printf(
+      "\ncross-entropy, tokens=%lld, mean reduction, validate_targets=%d, %s\n",
+      static_cast<long long>(tokens), options.validate_targets ? 1 : 0,
+      device_name.c_str());
+  std::printf("%-5s %7s %-9s %10s %8s %8s %8s %10s %10s\n", "dtype", "vocab",
+              "op", "median_us", "GB/s", "%HBM", "%copy", "lse_err",
+              "grad_err");
+  std::ofstream json;
+  if (!absl::GetFlag(FLAGS_json).empty()) json.open(absl::GetFlag(FLAGS_json));
+  for (const Row& row : rows) {
+    const double rate = row.bytes / (row.us * 1e-6);
+    std::printf("%-5s %7lld %-9s %10.1f %8.0f %8.1f %8.1f", row.dtype.c_str(),
+                static_cast<long long>(row.vocab), row.op.c_str(), row.us,
+                rate / 1e9, hbm_peak > 0 ? 100 * rate / hbm_peak : 0.0,
+                copy_rate > 0 ? 100 * rate / copy_rate : 0.0);
+    if (row.check.lse_error >= 0) {
+      std::printf(" %10.2e %10.2e\n", row.check.lse_error,
+                  row.check.grad_error);
+    } else {
+      std::printf("\n");
+    }
+    if (json.is_open()) {
+      json << absl::StrFormat(
+          "{\"device\": \"%s\", \"tokens\": %d, \"vocab\": %d, \"dtype\": "
+          "\"%s\", \"op\": \"%s\", \"median_us\": %.2f, "
+          "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
+          "\"validate_targets\": %s}\n",
+          device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
+          hbm_peak / 1e9, copy_rate / 1e9,
+          options.validate_targets ? "true" : "false");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace lossrt
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::Status status = lossrt::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "cross_entropy bench failed: %s\n",
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,352 @@
+// The cross-entropy op: argument checks, then dispatch to the CPU backend or
+// the CUDA kernels. Every check runs before anything is written, including the
+// target range check, which on the GPU is a one-block scan whose result is read
+// back once.
+#include "loss/cross_entropy.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "loss/cross_entropy_cpu.h"
+#include "loss/cross_entropy_kernels.h"
+#include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "loss/cross_entropy_cuda.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#include "runtime/scoped_device.h"
+#endif
+
+namespace lossrt {
+namespace {
+
+constexpr int64_t kAlign = 256;
+
+int64_t AlignUp(int64_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+absl::Status CheckOnDevice(const Tensor& tensor, const Context& context,
+                           const char* name) {
+  if (tensor.device != context.device()) {
+    return InvalidArgument(name, " is on ", tensor.device.ToString(),
+                           " but the context is on ",
+                           context.device().ToString());
+  }
+  if (tensor.data == nullptr && tensor.numel() > 0)
+    return InvalidArgument(name, ": null data");
+  return absl::OkStatus();
+}
+
+// Where two tensors' byte ranges overlap.
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (a.data == nullptr || b.data == nullptr) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
+}
+
+struct Problem {
+  int64_t tokens = 0;
+  int64_t vocab = 0;
+};
+
+absl::StatusOr<Problem> CheckInputs(const Context& context,
+                                    const Tensor& logits, const Tensor& targets,
+                                    const CrossEntropyOptions& options) {
+  RETURN_IF_ERROR(
+      CheckDType(logits, {DType::kF32, DType::kBF16, DType::kF16}, "logits"));
+  if (logits.rank() != 2)
+    return InvalidArgument("logits: expected [tokens, vocab], got ",
+                           logits.ShapeString());
+  Problem problem{logits.dim(0), logits.dim(1)};
+  if (problem.tokens < 1 || problem.vocab < 1) {
+    return InvalidArgument("logits: tokens and vocab must be >= 1, got ",
+                           logits.ShapeString());
+  }
+  if (logits.row_stride != 0 && logits.row_stride < problem.vocab) {
+    return InvalidArgument("logits: row_stride ", logits.row_stride,
+                           " is below vocab ", problem.vocab);
+  }
+  RETURN_IF_ERROR(CheckOnDevice(logits, context, "logits"));
+  RETURN_IF_ERROR(CheckDType(targets, {DType::kI64, DType::kI32}, "targets"));
+  RETURN_IF_ERROR(CheckShape(targets, {problem.tokens}, "targets"));
+  RETURN_IF_ERROR(CheckOnDevice(targets, context, "targets"));
+  if (!(options.label_smoothing >= 0.0f && options.label_smoothing < 1.0f)) {
+    return InvalidArgument("label_smoothing must be in [0, 1), got ",
+                           options.label_smoothing);
+  }
+  if (!(options.z_loss >= 0.0f) || !std::isfinite(options.z_loss)) {
+    return InvalidArgument("z_loss must be finite and >= 0, got ",
+                           options.z_loss);
+  }
+  if (!(options.softcap >= 0.0f) || !std::isfinite(options.softcap)) {
+    return InvalidArgument("softcap must be finite and >= 0 (0 = off), got ",
+                           options.softcap);
+  }
+  if (options.class_weights.has_value()) {
+    const Tensor& weights = *options.class_weights;
+    RETURN_IF_ERROR(CheckDType(weights, {DType::kF32}, "class_weights"));
+    RETURN_IF_ERROR(CheckShape(weights, {problem.vocab}, "class_weights"));
+    RETURN_IF_ERROR(CheckOnDevice(weights, context, "class_weights"));
+  }
+  return problem;
+}
+
+absl::Status CheckLoss(const Context& context, const Tensor& loss,
+                       const Problem& problem,
+                       const CrossEntropyOptions& options, const char* name) {
+  RETURN_IF_ERROR(CheckDType(loss, {DType::kF32}, name));
+  if (options.reduction == Reduction::kNone) {
+    RETURN_IF_ERROR(CheckShape(loss, {problem.tokens}, name));
+  } else if (loss.numel() != 1 || loss.rank() > 1) {
+    return InvalidArgument(
+        name, ": expected a scalar ([] or [1]) for mean/sum reduction, got ",
+        loss.ShapeString());
+  }
+  return CheckOnDevice(loss, context, name);
+}
+
+absl::Status CheckGradLogits(const Context& context, const Tensor& grad,
+                             const Tensor& logits, const Problem& problem) {
+  if (grad.dtype != logits.dtype) {
+    return InvalidArgument("grad_logits: dtype must match the logits (",
+                           DTypeName(logits.dtype), "), got ",
+                           DTypeName(grad.dtype));
+  }
+  RETURN_IF_ERROR(
+      CheckShape(grad, {problem.tokens, problem.vocab}, "grad_logits"));
+  if (grad.row_stride != 0 && grad.row_stride < problem.vocab) {
+    return InvalidArgument("grad_logits: row_stride ", grad.row_stride,
+                           " is below vocab ", problem.vocab);
+  }
+  RETURN_IF_ERROR(CheckOnDevice(grad, context, "grad_logits"));
+  if (Overlaps(grad, logits) &&
+      (grad.data != logits.data ||
+       grad.effective_row_stride() != logits.effective_row_stride())) {
+    return InvalidArgument(
+        "grad_logits overlaps the logits without being the same tensor; pass "
+        "the logits "
+        "themselves for the in-place mode");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNoOverlap(const Tensor& output, const char* name,
+                            std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* input : inputs) {
+    if (input != nullptr && Overlaps(output, *input))
+      return InvalidArgument(name, " overlaps an input");
+  }
+  return absl::OkStatus();
+}
+
+ce::RowArgs MakeRowArgs(const Tensor& logits, const Tensor& targets,
+                        const CrossEntropyOptions& options,
+                        const Problem& problem) {
+  ce::RowArgs args;
+  args.logits = logits.data;
+  args.logits_type = static_cast<int>(logits.dtype);
+  args.logits_stride = logits.effective_row_stride();
+  args.rows = problem.tokens;
+  args.vocab = problem.vocab;
+  args.targets = targets.data;
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.ignore_index = options.ignore_index;
+  args.label_smoothing = options.label_smoothing;
+  args.z_loss = options.z_loss;
+  args.softcap = options.softcap;
+  args.class_weights = options.class_weights.has_value()
+                           ? options.class_weights->data_as<const float>()
+                           : nullptr;
+  args.reduction = options.reduction == Reduction::kMean  ? ce::kMean
+                   : options.reduction == Reduction::kSum ? ce::kSum
+                                                          : ce::kNone;
+  return args;
+}
+
+absl::Status CheckStats(const ce::TargetStats& stats,
+                        const CrossEntropyOptions& options, int64_t vocab) {
+  if (stats.negative_weights > 0) {
+    return InvalidArgument("class_weights: ", stats.negative_weights,
+                           " weights are negative or NaN");
+  }
+  if (options.validate_targets && stats.invalid > 0) {
+    return InvalidArgument(
+        "targets: ", stats.invalid, " targets are outside [0, ", vocab,
+        ") and not ignore_index (", options.ignore_index, ")");
+  }
+  return absl::OkStatus();
+}
+
+// Which pieces a call computes.
+struct Request {
+  const Tensor* loss = nullptr;  // forward outputs
+  const Tensor* lse = nullptr;   // output (forward) or input (backward)
+  const Tensor* grad_logits = nullptr;
+  const Tensor* grad_loss = nullptr;  // incoming gradient
+  bool backward_only = false;
+};
+
+absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
+                 const CrossEntropyOptions& options, const Request& request) {
+  ASSIGN_OR_RETURN(Problem problem,
+                   CheckInputs(context, logits, targets, options));
+  const Tensor* weights =
+      options.class_weights.has_value() ? &*options.class_weights : nullptr;
+  if (request.loss != nullptr) {
+    RETURN_IF_ERROR(
+        CheckLoss(context, *request.loss, problem, options, "loss"));
+    RETURN_IF_ERROR(
+        CheckNoOverlap(*request.loss, "loss",
+                       {&logits, &targets, weights, request.grad_logits}));
+  }
+  if (request.lse != nullptr) {
+    RETURN_IF_ERROR(CheckDType(*request.lse, {DType::kF32}, "lse"));
+    RETURN_IF_ERROR(CheckShape(*request.lse, {problem.tokens}, "lse"));
+    RETURN_IF_ERROR(CheckOnDevice(*request.lse, context, "lse"));
+    if (!request.backward_only) {
+      RETURN_IF_ERROR(CheckNoOverlap(
+          *request.lse, "lse",
+          {&logits, &targets, weights, request.loss, request.grad_logits}));
+    }
+  }
+  if (request.grad_loss != nullptr) {
+    RETURN_IF_ERROR(
+        CheckLoss(context, *request.grad_loss, problem, options, "grad_loss"));
+  }
+  if (request.grad_logits != nullptr) {
+    RETURN_IF_ERROR(
+        CheckGradLogits(context, *request.grad_logits, logits, problem));
+    RETURN_IF_ERROR(CheckNoOverlap(*request.grad_logits, "grad_logits",
+                                   {&targets, weights, request.grad_loss}));
+    if (request.backward_only)
+      RETURN_IF_ERROR(
+          CheckNoOverlap(*request.grad_logits, "grad_logits", {request.lse}));
+  }
+
+  ce::RowArgs args = MakeRowArgs(logits, targets, options, problem);
+  if (request.grad_loss != nullptr) {
+    args.grad_loss = request.grad_loss->data_as<const float>();
+    args.grad_loss_per_row = options.reduction == Reduction::kNone;
+  }
+  if (request.grad_logits != nullptr) {
+    args.grad = request.grad_logits->data;
+    args.grad_type = static_cast<int>(request.grad_logits->dtype);
+    args.grad_stride = request.grad_logits->effective_row_stride();
+  }
+  args.lse = request.lse != nullptr ? request.lse->data_as<float>() : nullptr;
+  const bool reduce =
+      !request.backward_only && options.reduction != Reduction::kNone;
+
+  if (context.device().is_cpu()) {
+    const ce::TargetStats stats =
+        ce::ScanTargetsCpu(args.targets, args.targets_i64, args.rows,
+                           args.vocab, args.ignore_index, args.class_weights);
+    RETURN_IF_ERROR(CheckStats(stats, options, problem.vocab));
+    args.stats = &stats;
+    if (request.backward_only) {
+      ce::BackwardCpu(args);
+      return absl::OkStatus();
+    }
+    std::vector<float> row_loss;
+    if (reduce) {
+      row_loss.resize(problem.tokens);
+      args.row_loss = row_loss.data();
+    } else {
+      args.row_loss = request.loss->data_as<float>();
+    }
+    ce::RowsCpu(args);
+    if (reduce)
+      request.loss->data_as<float>()[0] =
+          static_cast<float>(ce::SumRowsCpu(row_loss.data(), problem.tokens));
+    return absl::OkStatus();
+  }
+
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  ASSIGN_OR_RETURN(void* workspace,
+                   context.Workspace(CrossEntropyWorkspaceBytes(
+                       problem.tokens, problem.vocab)));
+  auto* stats = static_cast<ce::TargetStats*>(workspace);
+  float* row_loss = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                             AlignUp(sizeof(ce::TargetStats)));
+  CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
+      args.targets, args.targets_i64, args.rows, args.vocab, args.ignore_index,
+      args.class_weights, stats, stream));
+  if (options.validate_targets || weights != nullptr) {
+    ce::TargetStats host_stats;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats, stats, sizeof(host_stats),
+                                         cudaMemcpyDeviceToHost, stream));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    RETURN_IF_ERROR(CheckStats(host_stats, options, problem.vocab));
+  }
+  args.stats = stats;
+  int num_sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &num_sms, cudaDevAttrMultiProcessorCount, context.device().ordinal));
+  if (request.backward_only) {
+    CUDA_RETURN_IF_ERROR(ce::LaunchBackward(args, num_sms, stream));
+    return absl::OkStatus();
+  }
+  args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
+  CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
+  if (reduce)
+    CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(
+        row_loss, problem.tokens, request.loss->data_as<float>(), stream));
+  return absl::OkStatus();
+#else
+  return absl::UnavailableError(
+      "cross-entropy on a CUDA device: built without CUDA");
+#endif
+}
+
+}  // namespace
+
+int64_t CrossEntropyWorkspaceBytes(int64_t tokens, int64_t vocab) {
+  (void)vocab;
+  return AlignUp(sizeof(ce::TargetStats)) +
+         AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
+}
+
+absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
+                                 const Tensor& targets,
+                                 const CrossEntropyOptions& options,
+                                 const Tensor& loss, const Tensor* lse) {
+  Request request;
+  request.loss = &loss;
+  request.lse = lse;
+  return Run(context, logits, targets, options, request);
+}
+
+absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
+                                  const Tensor& targets, const Tensor& lse,
+                                  const Tensor& grad_loss,
+                                  const CrossEntropyOptions& options,
+                                  const Tensor& grad_logits) {
+  Request request;
+  request.lse = &lse;
+  request.grad_loss = &grad_loss;
+  request.grad_logits = &grad_logits;
+  request.backward_only = true;
+  return Run(context, logits, targets, options, request);
+}
+
+absl::Status CrossEntropyForwardBackward(Context& context, const Tensor& logits,
+                                         const Tensor& targets,
+                                         const CrossEntropyOptions& options,
+                                         const Tensor& loss, const Tensor* lse,
+                                         const Tensor& grad_logits,
+                                         const Tensor* grad_loss) {
+  Request request;
+  request.loss = &loss;
+  request.lse = lse;
+  request.grad_logits = &grad_logits;
+  request.grad_loss = grad_loss;
+  return Run(context, logits, targets, options, request);
+}
+
+}  // namespace lossrt

@@ -1,0 +1,91 @@
+// Cross-entropy over logits [tokens, vocab] against integer targets: the loss,
+// the per-token log-sum-exp, and the gradient with respect to the logits, on
+// the CPU (Eigen) or a CUDA GPU.
+//
+//   lossrt::CrossEntropyOptions options;            // mean over non-ignored
+//   tokens options.label_smoothing = 0.1f;
+//   RETURN_IF_ERROR(lossrt::CrossEntropyForwardBackward(*context, logits,
+//   targets, options,
+//                                                      loss, &lse,
+//                                                      grad_logits));
+//
+// Definitions (PyTorch's, with PaLM's z-loss and Gemma's soft-capping added):
+//   z_j      = softcap > 0 ? softcap * tanh(x_j / softcap) : x_j
+//   lse      = log sum_j exp(z_j)
+//   loss_i   = (1 - s) * w[t] * (lse - z_t) + s / V * sum_j w[j] * (lse - z_j)
+//   + z_loss * lse^2
+// with s = label_smoothing, w = class weights (all 1 without), t the target and
+// V the vocab. Tokens whose target is ignore_index add nothing and count
+// nothing. Mean reduction divides the cross-entropy part by the sum of w[t]
+// over counted tokens (their number without weights) and the z-loss part by the
+// number of counted tokens; with no counted token the loss and every gradient
+// are 0.
+//
+// Tensors: logits f32, bf16 or f16 [tokens, vocab] with row stride >= vocab;
+// targets i64 or i32 [tokens]; loss f32 [] (mean, sum) or [tokens] (none); lse
+// f32 [tokens]; grad_logits [tokens, vocab] in the logits' dtype (it may be the
+// logits tensor itself: in place); grad_loss f32 [] or [tokens]. All on the
+// context's device. Nothing is written when a call returns an error. Results
+// are bitwise reproducible run to run.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_H_
+#define LOSSRT_LOSS_CROSS_ENTROPY_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "runtime/context.h"
+#include "runtime/tensor.h"
+
+namespace lossrt {
+
+enum class Reduction { kMean, kSum, kNone };
+
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  float label_smoothing = 0.0f;  // in [0, 1)
+  float z_loss = 0.0f;   // scale of lse^2 (Liger's lse_square_scale); >= 0
+  float softcap = 0.0f;  // 0 = off; > 0 caps logits at +-softcap through tanh
+  std::optional<Tensor> class_weights;  // f32 [vocab], >= 0
+  // Check that every target is in [0, vocab) or ignore_index (on the GPU: a
+  // flag read back once per call, which waits for the stream). Off:
+  // out-of-range targets give NaN losses.
+  bool validate_targets = true;
+};
+
+// Loss (and, if `lse` is given, the per-token log-sum-exp to save for the
+// backward pass). Reads the logits once.
+absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
+                                 const Tensor& targets,
+                                 const CrossEntropyOptions& options,
+                                 const Tensor& loss,
+                                 const Tensor* lse = nullptr);
+
+// grad_logits from the logits, the targets, the saved lse and the incoming
+// gradient of the loss (f32 [] for mean/sum, [tokens] for none). One read of
+// the logits, one write.
+absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
+                                  const Tensor& targets, const Tensor& lse,
+                                  const Tensor& grad_loss,
+                                  const CrossEntropyOptions& options,
+                                  const Tensor& grad_logits);
+
+// Loss, lse (optional) and grad_logits in one pass over the logits. `grad_loss`
+// (optional) scales the gradient as in CrossEntropyBackward; without it the
+// gradient is that of the loss itself.
+absl::Status CrossEntropyForwardBackward(Context& context, const Tensor& logits,
+                                         const Tensor& targets,
+                                         const CrossEntropyOptions& options,
+                                         const Tensor& loss, const Tensor* lse,
+                                         const Tensor& grad_logits,
+                                         const Tensor* grad_loss = nullptr);
+
+// Scratch bytes the calls take from the context's workspace for this shape
+// (reserve them with Context::ReserveWorkspace to keep allocation out of the
+// hot path).
+int64_t CrossEntropyWorkspaceBytes(int64_t tokens, int64_t vocab);
+
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_H_

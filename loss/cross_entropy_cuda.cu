@@ -1,0 +1,1200 @@
+// CUDA kernels of the cross-entropy op, tuned on an H200 (sm_90):
+//
+// - WarpRowKernel (forward): a warp streams each row with 16-byte loads, eight
+// pieces per
+//   lane in flight, online max/sum per lane and a shuffle reduction: no block
+//   barriers, a persistent grid, one read of the logits.
+// - RowKernel (fused forward+backward): a row is split over a thread-block
+// cluster of C CTAs
+//   (C = 1 up to 4096 16-byte pieces) and held in registers; statistics are
+//   reduced in the warp, the block and the cluster (distributed shared memory),
+//   and the gradient is written from the registers: one read, one write. Rows
+//   longer than a cluster holds are tiled and re-read.
+// - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (one
+// read, one write).
+// - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
+//
+// Every reduction has a fixed shape and order, so results are bitwise
+// reproducible. The RowArgs tune_* fields override the automatic launch choices
+// for the benchmark's sweep.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "loss/cross_entropy_cuda.h"
+
+namespace cg = cooperative_groups;
+
+namespace lossrt {
+namespace ce {
+namespace {
+
+constexpr int kMaxThreads = 512;
+constexpr int kMaxCluster = 8;  // the portable cluster size
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float QuietNaN() {
+  return __int_as_float(0x7fffffff);
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T value);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half value) {
+  return __half2float(value);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float value) {
+  return __float2half_rn(value);
+}
+
+// Raw storage of kW elements of T: one 16/8/4/2-byte access.
+template <int kBytes>
+struct RawVec;
+template <>
+struct RawVec<16> {
+  using Type = uint4;
+};
+template <>
+struct RawVec<8> {
+  using Type = uint2;
+};
+template <>
+struct RawVec<4> {
+  using Type = uint32_t;
+};
+template <>
+struct RawVec<2> {
+  using Type = uint16_t;
+};
+
+template <typename T, int kW>
+__device__ __forceinline__ void LoadVec(const T* ptr, float (&out)[kW]) {
+  using Raw = typename RawVec<sizeof(T) * kW>::Type;
+  union {
+    Raw raw;
+    T elements[kW];
+  } data;
+  if constexpr (sizeof(Raw) == 16) {
+    // Streaming load: the logits are read once, keep them from evicting
+    // reusable lines.
+    data.raw = __ldcs(reinterpret_cast<const Raw*>(ptr));
+  } else {
+    data.raw = *reinterpret_cast<const Raw*>(ptr);
+  }
+#pragma unroll
+  for (int k = 0; k < kW; ++k) out[k] = ToFloat(data.elements[k]);
+}
+
+template <typename G, int kW>
+__device__ __forceinline__ void StoreVec(G* ptr, const float (&values)[kW]) {
+  using Raw = typename RawVec<sizeof(G) * kW>::Type;
+  union {
+    Raw raw;
+    G elements[kW];
+  } data;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) data.elements[k] = FromFloat<G>(values[k]);
+  if constexpr (sizeof(Raw) == 16) {
+    __stcs(reinterpret_cast<Raw*>(ptr), data.raw);
+  } else {
+    *reinterpret_cast<Raw*>(ptr) = data.raw;
+  }
+}
+
+// Partial statistics of a row: max m, rest = sum of exp(z - m) minus one (the
+// max's own term, exactly 1, is left out so that lse = m + log1p(rest) keeps
+// its precision when one logit dominates: a float 1 + rest would round rest to
+// 1e-7), the target's z (0 where the target is elsewhere) and sum of w_j * z_j
+// (for label smoothing).
+struct RowStats {
+  float max;
+  float rest;
+  float target_logit;
+  float weighted_sum;
+};
+
+// No elements: max -inf, sum 0 (rest -1).
+__device__ __forceinline__ RowStats IdentityStats() {
+  return RowStats{NegInf(), -1.0f, 0.0f, 0.0f};
+}
+
+// Online-softmax merge with one exponential: the side with the smaller max is
+// scaled. Symmetric to the bit (so butterfly reductions give every lane the
+// same value).
+__device__ __forceinline__ RowStats Combine(const RowStats& a,
+                                            const RowStats& b) {
+  const float max = fmaxf(a.max, b.max);
+  float rest;
+  if (a.max == b.max) {
+    rest = (a.rest + b.rest) +
+           1.0f;  // both sides' max terms: one stays out of rest
+  } else {
+    const float min = fminf(a.max, b.max);
+    const float scale = min == NegInf() ? 0.0f : __expf(min - max);
+    rest = a.max > b.max ? a.rest + (b.rest + 1.0f) * scale
+                         : b.rest + (a.rest + 1.0f) * scale;
+  }
+  return RowStats{max, rest, a.target_logit + b.target_logit,
+                  a.weighted_sum + b.weighted_sum};
+}
+
+// exp2 on the special-function unit (relative error ~2^-22; flushes results
+// below 2^-126).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    RowStats other;
+    other.max = __shfl_xor_sync(kFullMask, stats.max, offset);
+    other.rest = __shfl_xor_sync(kFullMask, stats.rest, offset);
+    other.target_logit = __shfl_xor_sync(kFullMask, stats.target_logit, offset);
+    other.weighted_sum = __shfl_xor_sync(kFullMask, stats.weighted_sum, offset);
+    stats = Combine(stats, other);
+  }
+  return stats;
+}
+
+__device__ __forceinline__ int64_t LoadTarget(const RowArgs& args,
+                                              int64_t row) {
+  return args.targets_i64 ? static_cast<const int64_t*>(args.targets)[row]
+                          : static_cast<const int32_t*>(args.targets)[row];
+}
+
+// Per-row scalars of the loss and its gradient (see loss/cross_entropy.h for
+// the math):
+//   dz_j = coef * p_j - smooth_w * w_j            (j != t)
+//   dz_t = coef * expm1(z_t - lse) + (coef - target_coef) - smooth_w * w_t
+// Writing dz_t through expm1 keeps p_t - 1 exact when p_t is near 1.
+struct RowCoefficients {
+  bool ignored;
+  bool valid_target;
+  int64_t target;
+  float target_weight;
+  float ce_scale;  // gradient scale of the cross-entropy part (incoming grad /
+                   // denominator)
+  float z_scale;   // same for the z-loss part
+};
+
+__device__ __forceinline__ RowCoefficients MakeCoefficients(const RowArgs& args,
+                                                            int64_t row,
+                                                            bool with_grad) {
+  RowCoefficients c;
+  c.target = LoadTarget(args, row);
+  c.ignored = c.target == args.ignore_index;
+  c.valid_target = !c.ignored && c.target >= 0 && c.target < args.vocab;
+  c.target_weight = (args.class_weights != nullptr && c.valid_target)
+                        ? args.class_weights[c.target]
+                        : 1.0f;
+  float grad = 1.0f;
+  if (with_grad && args.grad_loss != nullptr)
+    grad = args.grad_loss[args.grad_loss_per_row ? row : 0];
+  c.ce_scale = grad;
+  c.z_scale = grad;
+  if (args.reduction == kMean) {
+    const double ce_den = args.stats->ce_denominator,
+                 z_den = args.stats->z_denominator;
+    c.ce_scale = ce_den > 0 ? static_cast<float>(grad / ce_den) : 0.0f;
+    c.z_scale = z_den > 0 ? static_cast<float>(grad / z_den) : 0.0f;
+  }
+  return c;
+}
+
+__device__ __forceinline__ float WeightTotal(const RowArgs& args) {
+  return args.class_weights != nullptr
+             ? static_cast<float>(args.stats->weight_total)
+             : static_cast<float>(args.vocab);
+}
+
+// The gradient's per-row constants (see RowCoefficients). p_j = exp((z_j -
+// shift) - log_sum) with shift = max and log_sum = log1p(rest) in the fused
+// pass (exact for huge logits, where lse = max + log_sum would round), or shift
+// = saved lse and log_sum = 0 in the backward.
+struct GradCoefficients {
+  float coef;
+  float target_coef;
+  float smooth_w;
+  float inv_cap;  // 1 / softcap, 0 when off
+  float shift;
+  float log_sum;
+};
+
+__device__ __forceinline__ GradCoefficients
+MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
+                     float weight_total, float shift, float log_sum) {
+  GradCoefficients g;
+  g.shift = shift;
+  g.log_sum = log_sum;
+  const float s = args.label_smoothing;
+  g.target_coef = c.ce_scale * (1.0f - s) * c.target_weight;
+  g.smooth_w = c.ce_scale * s / static_cast<float>(args.vocab);
+  g.coef = g.target_coef + g.smooth_w * weight_total +
+           2.0f * c.z_scale * args.z_loss * lse;
+  g.inv_cap = args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f;
+  return g;
+}
+
+// Writes the row's loss (scaled for the mean) and lse; one thread per row calls
+// it.
+__device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
+                                             const RowCoefficients& c,
+                                             const RowStats& total, float lse,
+                                             float weight_total) {
+  float loss = 0.0f;
+  if (!c.ignored) {
+    if (!c.valid_target) {
+      loss = QuietNaN();
+    } else {
+      const float s = args.label_smoothing;
+      // lse - z_t as (max - z_t) + log1p(rest): small and exact when p_t is
+      // near 1.
+      const float nll = (total.max - total.target_logit) + log1pf(total.rest);
+      const float ce =
+          (1.0f - s) * c.target_weight * nll +
+          (s > 0.0f ? s / args.vocab * (weight_total * lse - total.weighted_sum)
+                    : 0.0f);
+      const float zl = args.z_loss * lse * lse;
+      if (args.reduction == kMean) {
+        const double ce_den = args.stats->ce_denominator,
+                     z_den = args.stats->z_denominator;
+        loss = (ce_den > 0 ? static_cast<float>(ce / ce_den) : 0.0f) +
+               (z_den > 0 ? static_cast<float>(zl / z_den) : 0.0f);
+      } else {
+        loss = ce + zl;
+      }
+    }
+  }
+  args.row_loss[row] = loss;
+  if (args.lse != nullptr) args.lse[row] = lse;
+}
+
+// Unpacks one 16-byte piece to floats, applies the soft cap, and turns elements
+// past the vocabulary (the row's partial last piece, zero-filled by the copy)
+// into -inf.
+template <typename T, int kW>
+__device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
+                                          float softcap, float inv_cap,
+                                          float (&out)[kW]) {
+  union {
+    uint4 raw;
+    T elements[kW];
+  } data;
+  data.raw = raw;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) out[k] = ToFloat(data.elements[k]);
+  if (inv_cap > 0.0f) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) out[k] = softcap * tanhf(out[k] * inv_cap);
+  }
+  if (base + kW > vocab) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) {
+      if (base + k >= vocab) out[k] = NegInf();
+    }
+  }
+}
+
+// R pieces of a row per thread, `stride` pieces apart, piece r starting at
+// vector index first + r * stride. Vectorized tiles keep raw 16-byte pieces and
+// unpack them on use, so 16-bit logits keep as many bytes in flight as fp32 for
+// the same registers.
+template <typename T, int R, bool kVec>
+struct Tile;
+
+template <typename T, int R>
+struct Tile<T, R, true> {
+  static constexpr int kW = 16 / sizeof(T);
+  uint4 raw[R];
+
+  __device__ __forceinline__ void Load(const T* row, int vocab, int first,
+                                       int stride) {
+    const int full_vecs = vocab / kW;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int vec = first + r * stride;
+      if (vec < full_vecs) {
+        // Streaming load: the logits are read once, keep them from evicting
+        // reusable lines.
+        raw[r] = __ldcs(reinterpret_cast<const uint4*>(row) + vec);
+      } else {
+        union {
+          uint4 raw;
+          T elements[kW];
+        } data;
+        data.raw = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < kW; ++k) {
+          if (vec * kW + k < vocab) data.elements[k] = row[vec * kW + k];
+        }
+        raw[r] = data.raw;
+      }
+    }
+  }
+  __device__ __forceinline__ void Unpack(int r, int base, int vocab,
+                                         float softcap, float inv_cap,
+                                         float (&x)[kW]) const {
+    UnpackVec<T, kW>(raw[r], base, vocab, softcap, inv_cap, x);
+  }
+};
+
+template <typename T, int R>
+struct Tile<T, R, false> {
+  static constexpr int kW = 1;
+  float value[R];
+
+  __device__ __forceinline__ void Load(const T* row, int vocab, int first,
+                                       int stride) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = first + r * stride;
+      value[r] = e < vocab ? ToFloat(row[e]) : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void Unpack(int r, int base, int vocab,
+                                         float softcap, float inv_cap,
+                                         float (&x)[1]) const {
+    float v = value[r];
+    if (inv_cap > 0.0f) v = softcap * tanhf(v * inv_cap);
+    x[0] = base < vocab ? v : NegInf();
+  }
+};
+
+// Everything a tile pass needs to know about its row.
+struct RowView {
+  int vocab;
+  int first;
+  int stride;
+  float softcap;
+  float inv_cap;
+  const float* weights;
+};
+
+// This thread's statistics of one tile: its max, then the sum of exp relative
+// to it. Four independent accumulators break the dependency chains (a 16-bit
+// tile holds 64 values).
+template <typename TileT, int R>
+__device__ __forceinline__ RowStats TileStats(const TileT& tile,
+                                              const RowView& view,
+                                              int64_t target, bool smoothing) {
+  constexpr int kW = TileT::kW;
+  constexpr int kParts = 4;
+  float max_part[kParts], sum_part[kParts];
+#pragma unroll
+  for (int i = 0; i < kParts; ++i) {
+    max_part[i] = NegInf();
+    sum_part[i] = 0.0f;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float x[kW];
+    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab,
+                view.softcap, view.inv_cap, x);
+#pragma unroll
+    for (int j = 0; j < kW; ++j)
+      max_part[(r * kW + j) % kParts] =
+          fmaxf(max_part[(r * kW + j) % kParts], x[j]);
+  }
+  RowStats s = IdentityStats();
+  s.max =
+      fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
+  float nan_probe =
+      0.0f;  // fmaxf drops NaN; an all-NaN tile must still poison the sum
+  float ties =
+      0.0f;  // elements equal to the max: their exact 1s are counted apart
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, view.softcap, view.inv_cap, x);
+    if (s.max != NegInf()) {
+      // (x - max) first: exact for the largest terms, unlike a fused x*log2e -
+      // max*log2e, whose rounding is huge for large logits.
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        const bool tie = x[j] == s.max;
+        ties += tie ? 1.0f : 0.0f;
+        sum_part[(r * kW + j) % kParts] +=
+            tie ? 0.0f : FastExp2((x[j] - s.max) * kLog2e);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) nan_probe += x[j] != x[j] ? x[j] : 0.0f;
+    }
+    if (static_cast<uint64_t>(target - base) < static_cast<uint64_t>(kW)) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == target) s.target_logit = x[j];
+      }
+    }
+    if (smoothing) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j < view.vocab)
+          s.weighted_sum +=
+              view.weights != nullptr ? view.weights[base + j] * x[j] : x[j];
+      }
+    }
+  }
+  const float others =
+      (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]) + nan_probe;
+  s.rest = s.max == NegInf() ? -1.0f + nan_probe : others + (ties - 1.0f);
+  return s;
+}
+
+// The gradient of one tile, written once in G.
+template <typename G, typename TileT, int R>
+__device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
+                                         G* grad_row,
+                                         const GradCoefficients& gc,
+                                         const RowCoefficients& c) {
+  constexpr int kW = TileT::kW;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (base >= view.vocab) continue;
+    float x[kW], g[kW];
+    tile.Unpack(r, base, view.vocab, view.softcap, view.inv_cap, x);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      const float w = view.weights != nullptr
+                          ? view.weights[min(base + j, view.vocab - 1)]
+                          : 1.0f;
+      g[j] = gc.coef * expf((x[j] - gc.shift) - gc.log_sum) - gc.smooth_w * w;
+    }
+    if (static_cast<uint64_t>(c.target - base) < static_cast<uint64_t>(kW)) {
+      // The target's p - 1 through expm1, exact when p is near 1 (one element a
+      // row).
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == c.target) {
+          const float w =
+              view.weights != nullptr ? view.weights[base + j] : 1.0f;
+          g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
+                 (gc.coef - gc.target_coef) - gc.smooth_w * w;
+        }
+      }
+    }
+    if (view.inv_cap > 0.0f) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        const float t = x[j] * view.inv_cap;  // d z / d x = 1 - tanh^2
+        g[j] *= 1.0f - t * t;
+      }
+    }
+    if (c.ignored) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) g[j] = 0.0f;
+    }
+    if (base + kW <= view.vocab) {
+      StoreVec<G, kW>(grad_row + base, g);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j < view.vocab) grad_row[base + j] = FromFloat<G>(g[j]);
+      }
+    }
+  }
+}
+
+struct RowShared {
+  RowStats warp_stats[kMaxThreads / 32];
+  RowStats
+      cluster_slot[2];  // this CTA's partial, double-buffered by row parity
+  RowStats row_final;
+};
+
+// Block (and cluster) reduction of per-thread stats; every thread gets the
+// row's stats.
+__device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
+                                              int cluster_size, int parity) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
+            warps = blockDim.x >> 5;
+  stats = WarpReduce(stats);
+  if (lane == 0) shared.warp_stats[warp] = stats;
+  __syncthreads();
+  if (warp == 0) {
+    RowStats block = lane < warps ? shared.warp_stats[lane] : IdentityStats();
+    block = WarpReduce(block);
+    if (cluster_size == 1) {
+      if (lane == 0) shared.row_final = block;
+    } else {
+      if (lane == 0) shared.cluster_slot[parity] = block;
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_size > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's partial of this row is in its slot
+    if (warp == 0) {
+      RowStats part = IdentityStats();
+      if (lane < cluster_size)
+        part = *cluster.map_shared_rank(&shared.cluster_slot[parity], lane);
+      part = WarpReduce(part);
+      if (lane == 0) shared.row_final = part;
+    }
+  }
+#endif
+  __syncthreads();
+  return shared.row_final;
+}
+
+// Register kernel (fused forward+backward): one row per cluster at a time, held
+// in the registers of the cluster's threads (kPieces 16-byte pieces each)
+// between the reduction and the gradient, so it is read once. `tiles` > 1 only
+// for rows longer than the cluster holds (those are read twice).
+template <typename T, typename G, int R, bool kVec, bool kGrad>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+    RowKernel(RowArgs args, int cluster_size, int tiles) {
+  using TileT = Tile<T, R, kVec>;
+  __shared__ RowShared shared;
+  const int rank =
+      cluster_size > 1 ? static_cast<int>(blockIdx.x % cluster_size) : 0;
+  const int64_t cluster_id = blockIdx.x / cluster_size;
+  const int64_t clusters = gridDim.x / cluster_size;
+  const int stride =
+      cluster_size * blockDim.x;  // pieces between a thread's registers
+  const int tile_pieces = stride * R;
+  const bool smoothing = args.label_smoothing > 0.0f;
+  const float weight_total = WeightTotal(args);
+  RowView view{static_cast<int>(args.vocab),
+               0,
+               stride,
+               args.softcap,
+               args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+               args.class_weights};
+  const int first0 = rank * blockDim.x + threadIdx.x;
+  int parity = 0;
+
+  for (int64_t row = cluster_id; row < args.rows;
+       row += clusters, parity ^= 1) {
+    const T* logits_row =
+        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    const RowCoefficients c = MakeCoefficients(args, row, kGrad);
+    TileT tile;
+    RowStats stats = IdentityStats();
+    for (int t = 0; t < tiles; ++t) {
+      view.first = t * tile_pieces + first0;
+      tile.Load(logits_row, view.vocab, view.first, stride);
+      stats =
+          Combine(stats, TileStats<TileT, R>(tile, view, c.target, smoothing));
+    }
+    const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
+    const float log_sum = log1pf(total.rest);
+    const float lse = total.max + log_sum;
+    if (rank == 0 && threadIdx.x == 0)
+      WriteRowLoss(args, row, c, total, lse, weight_total);
+    if constexpr (kGrad) {
+      const GradCoefficients gc =
+          MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
+      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+      // Tiles are revisited last-first so that the tile still in registers goes
+      // first.
+      for (int t = tiles - 1; t >= 0; --t) {
+        view.first = t * tile_pieces + first0;
+        if (t != tiles - 1)
+          tile.Load(logits_row, view.vocab, view.first, stride);
+        TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // No CTA may leave while another can still read its shared memory.
+  if (cluster_size > 1) cg::this_cluster().sync();
+#endif
+}
+
+// Gradient from a saved lse, streaming (one read, one write); used past 128 KiB
+// rows.
+template <typename T, typename G, bool kVec>
+__global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
+  constexpr int R = 8;
+  using TileT = Tile<T, R, kVec>;
+  constexpr int kW = TileT::kW;
+  const int vocab = static_cast<int>(args.vocab);
+  const int vecs = (vocab + kW - 1) / kW;
+  const float weight_total = WeightTotal(args);
+  RowView view{vocab,
+               0,
+               static_cast<int>(blockDim.x),
+               args.softcap,
+               args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+               args.class_weights};
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+    const RowCoefficients c = MakeCoefficients(args, row, true);
+    const float lse = args.lse[row];
+    const GradCoefficients gc =
+        MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+    const T* logits_row =
+        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    for (int first = threadIdx.x; first < vecs; first += R * blockDim.x) {
+      TileT tile;
+      view.first = first;
+      tile.Load(logits_row, vocab, first, blockDim.x);
+      TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+    }
+  }
+}
+
+// Warp-per-row kernel (forward): each warp streams whole rows, 8 pieces per
+// lane in flight, with per-lane online statistics; the row reduction is a warp
+// shuffle with no block barrier, so a persistent grid of many warps per SM
+// keeps HBM busy. With kGrad the row is streamed a second time for the gradient
+// (kept for comparison in the benchmark's sweep).
+template <typename T, typename G, bool kVec, bool kGrad>
+__global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
+  // 8 pieces of fp32 or 4 of 16-bit logits per lane: 32 values, so that the
+  // unpacked floats stay in registers with three blocks (24 warps) per SM.
+  constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
+  using TileT = Tile<T, R, kVec>;
+  constexpr int kW = TileT::kW;
+  const int vocab = static_cast<int>(args.vocab);
+  const int vecs = (vocab + kW - 1) / kW;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp =
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const bool smoothing = args.label_smoothing > 0.0f;
+  const float weight_total = WeightTotal(args);
+  RowView view{vocab,
+               0,
+               32,
+               args.softcap,
+               args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+               args.class_weights};
+  for (int64_t row = warp; row < args.rows; row += warps) {
+    const T* logits_row =
+        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    const RowCoefficients c = MakeCoefficients(args, row, kGrad);
+    RowStats stats = IdentityStats();
+    for (int first = lane; first < vecs; first += 32 * R) {
+      TileT tile;
+      view.first = first;
+      tile.Load(logits_row, vocab, first, 32);
+      stats =
+          Combine(stats, TileStats<TileT, R>(tile, view, c.target, smoothing));
+    }
+    const RowStats total = WarpReduce(stats);
+    const float log_sum = log1pf(total.rest);
+    const float lse = total.max + log_sum;
+    if (lane == 0) WriteRowLoss(args, row, c, total, lse, weight_total);
+    if constexpr (kGrad) {
+      const GradCoefficients gc =
+          MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
+      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+      for (int first = lane; first < vecs; first += 32 * R) {
+        TileT tile;
+        view.first = first;
+        tile.Load(logits_row, vocab, first, 32);
+        TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+      }
+    }
+  }
+}
+
+// Pipelined backward for 16-byte aligned rows: each thread copies its 16-byte
+// pieces of the next rows into shared memory with cp.async (`stages` - 1 rows
+// ahead), so HBM stays busy while the current row's gradient is computed and
+// written. A thread only ever reads the pieces it copied itself, so a stage can
+// be refilled without a block barrier. RowArgs::tune_kernel values.
+enum KernelChoice {
+  kKernelAuto = 0,
+  kKernelCluster = 1,
+  kKernelPipelined = 2,
+  kKernelWarp = 3
+};
+
+__device__ __forceinline__ void CpAsync16(void* shared_dst,
+                                          const void* global_src,
+                                          int src_bytes) {
+  const unsigned dst =
+      static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  // Bytes past src_bytes are filled with zeros (the row's partial last vector).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(global_src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits until at most `pending` of this thread's copy groups are in flight.
+__device__ __forceinline__ void CpAsyncWait(int pending) {
+  switch (pending) {
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::);
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::);
+      break;
+    default:
+      asm volatile("cp.async.wait_group 3;\n" ::);
+      break;
+  }
+}
+
+// Eight 16-byte pieces per thread in a shared-memory stage, read like a Tile.
+template <typename T>
+struct StagedTile {
+  static constexpr int kW = 16 / sizeof(T);
+  const uint4*
+      pieces;  // this thread's first piece; piece r is r * blockDim.x further
+  __device__ __forceinline__ void Unpack(int r, int base, int vocab,
+                                         float softcap, float inv_cap,
+                                         float (&x)[kW]) const {
+    UnpackVec<T, kW>(pieces[r * blockDim.x], base, vocab, softcap, inv_cap, x);
+  }
+};
+
+constexpr int kStagedPieces = 8;
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(kMaxThreads)
+    PipelinedBackwardKernel(RowArgs args, int group_size, int stages) {
+  constexpr int kW = 16 / sizeof(T);
+  extern __shared__ uint4
+      stage_memory[];  // [stages][kStagedPieces][blockDim.x] 16-byte pieces
+  const int vocab = static_cast<int>(args.vocab);
+  const int vecs = (vocab + kW - 1) / kW;
+  // A row is split over `group_size` blocks; unlike the fused pass they need
+  // not talk.
+  const int rank = static_cast<int>(blockIdx.x % group_size);
+  const int64_t group = blockIdx.x / group_size;
+  const int64_t groups = gridDim.x / group_size;
+  const int stride = group_size * blockDim.x;
+  const int first = rank * blockDim.x + threadIdx.x;
+  const int stage_size = kStagedPieces * blockDim.x;
+  const float weight_total = WeightTotal(args);
+  const RowView view{vocab,
+                     first,
+                     stride,
+                     args.softcap,
+                     args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+                     args.class_weights};
+  const int64_t rows = args.rows;
+
+  auto issue = [&](int64_t row, int stage) {
+    if (row < rows) {
+      const T* src =
+          static_cast<const T*>(args.logits) + row * args.logits_stride;
+      uint4* dst = stage_memory + stage * stage_size + threadIdx.x;
+#pragma unroll
+      for (int r = 0; r < kStagedPieces; ++r) {
+        const int vec = first + r * stride;
+        if (vec < vecs) {
+          const int bytes =
+              min(kW, vocab - vec * kW) * static_cast<int>(sizeof(T));
+          CpAsync16(dst + r * blockDim.x, src + static_cast<int64_t>(vec) * kW,
+                    bytes);
+        }
+      }
+    }
+    CpAsyncCommit();  // an empty group past the last row keeps the group count
+                      // uniform
+  };
+
+  for (int s = 0; s < stages - 1; ++s) issue(group + s * groups, s);
+  for (int64_t k = 0;; ++k) {
+    const int64_t row = group + k * groups;
+    if (row >= rows) break;
+    issue(row + (stages - 1) * groups,
+          static_cast<int>((k + stages - 1) % stages));
+    CpAsyncWait(stages - 1);  // this thread's pieces of `row` have landed
+    const StagedTile<T> tile{
+        stage_memory + static_cast<int>(k % stages) * stage_size + threadIdx.x};
+    const RowCoefficients c = MakeCoefficients(args, row, true);
+    const float lse = args.lse[row];
+    const GradCoefficients gc =
+        MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+    TileGrad<G, StagedTile<T>, kStagedPieces>(
+        tile, view, static_cast<G*>(args.grad) + row * args.grad_stride, gc, c);
+  }
+  CpAsyncWait(0);
+}
+
+// Block-wide sum in a fixed tree order; the result is valid in thread 0.
+template <typename V>
+__device__ V BlockSum(V value, V* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_down_sync(kFullMask, value, offset);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  value = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : V(0);
+  if (warp == 0) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      value += __shfl_down_sync(kFullMask, value, offset);
+  }
+  __syncthreads();
+  return value;
+}
+
+__global__ void __launch_bounds__(1024)
+    TargetStatsKernel(const void* targets, bool targets_i64, int64_t rows,
+                      int64_t vocab, int64_t ignore_index, const float* weights,
+                      TargetStats* stats) {
+  __shared__ double scratch_d[32];
+  __shared__ long long scratch_i[32];
+  double weight_sum = 0.0, weight_total = 0.0;
+  long long counted = 0, invalid = 0, negative = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const int64_t t = targets_i64 ? static_cast<const int64_t*>(targets)[i]
+                                  : static_cast<const int32_t*>(targets)[i];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= vocab) {
+      ++invalid;
+      continue;
+    }
+    ++counted;
+    weight_sum += weights != nullptr ? static_cast<double>(weights[t]) : 1.0;
+  }
+  if (weights != nullptr) {
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const float w = weights[j];
+      if (!(w >= 0.0f)) ++negative;
+      weight_total += w;
+    }
+  }
+  weight_sum = BlockSum(weight_sum, scratch_d);
+  weight_total = BlockSum(weight_total, scratch_d);
+  counted = BlockSum(counted, scratch_i);
+  invalid = BlockSum(invalid, scratch_i);
+  negative = BlockSum(negative, scratch_i);
+  if (threadIdx.x == 0) {
+    stats->ce_denominator =
+        weights != nullptr ? weight_sum : static_cast<double>(counted);
+    stats->z_denominator = static_cast<double>(counted);
+    stats->weight_total =
+        weights != nullptr ? weight_total : static_cast<double>(vocab);
+    stats->invalid = invalid;
+    stats->negative_weights = negative;
+  }
+}
+
+__global__ void __launch_bounds__(1024)
+    SumRowsKernel(const float* row_loss, int64_t rows, float* loss) {
+  __shared__ double scratch[32];
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) sum += row_loss[i];
+  sum = BlockSum(sum, scratch);
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(sum);
+}
+
+bool Aligned(const void* ptr, int bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+int DeviceMajor() {
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major;
+}
+
+// Chooses the cluster size, threads and tiles for a row of `vecs` vectors, R
+// per thread: the smallest cluster whose registers hold the row (so it is read
+// once), up to 8 CTAs.
+struct RowLaunch {
+  int cluster_size;
+  int threads;
+  int tiles;
+};
+
+RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread, bool clusters_allowed) {
+  RowLaunch launch{1, kMaxThreads, 1};
+  const int64_t per_cta_capacity = int64_t{kMaxThreads} * per_thread;
+  while (clusters_allowed && launch.cluster_size < kMaxCluster &&
+         (vecs + launch.cluster_size - 1) / launch.cluster_size >
+             per_cta_capacity) {
+    launch.cluster_size *= 2;
+  }
+  const int64_t per_cta =
+      (vecs + launch.cluster_size - 1) / launch.cluster_size;
+  launch.tiles =
+      static_cast<int>((per_cta + per_cta_capacity - 1) / per_cta_capacity);
+  if (launch.tiles == 1) {
+    const int64_t threads = (per_cta + per_thread - 1) / per_thread;
+    launch.threads = static_cast<int>((threads + 31) / 32 * 32);
+  }
+  return launch;
+}
+
+template <typename T, typename G, bool kVec, bool kGrad>
+cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
+                            cudaStream_t stream) {
+  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
+  // Pieces per thread: 8 x 16 bytes of fp32 (or 8 scalars); 4 for 16-bit
+  // logits, whose unpacked floats would otherwise spill under the 64-register
+  // bound.
+  constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
+  const int64_t vecs = (args.vocab + kW - 1) / kW;
+  const RowLaunch launch = ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
+  auto kernel = RowKernel<T, G, R, kVec, kGrad>;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(launch.threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  int64_t max_clusters = 0;
+  if (launch.cluster_size > 1) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = launch.cluster_size;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    config.gridDim = dim3(launch.cluster_size * num_sms);
+    int active = 0;
+    cudaError_t error =
+        cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (error != cudaSuccess) return error;
+    max_clusters = active > 0 ? active : 1;
+  } else {
+    int per_sm = 0;
+    cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kernel, launch.threads, 0);
+    if (error != cudaSuccess) return error;
+    max_clusters = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
+  }
+  const int64_t clusters = args.rows < max_clusters ? args.rows : max_clusters;
+  config.gridDim = dim3(static_cast<unsigned>(clusters * launch.cluster_size));
+  return cudaLaunchKernelEx(&config, kernel, args, launch.cluster_size,
+                            launch.tiles);
+}
+
+// Launch of the pipelined backward: blocks of up to 512 threads with 8 pieces
+// each (32 KiB per stage and block), as many blocks per row as that takes, and
+// `stages` rows in flight.
+struct PipelineLaunch {
+  int group_size;
+  int threads;
+  int stages;
+  int shared_bytes;
+};
+
+PipelineLaunch ChoosePipelineLaunch(int64_t vecs, const RowArgs& args) {
+  PipelineLaunch launch;
+  const int64_t max_per_block = int64_t{kMaxThreads / 2} * kStagedPieces;
+  launch.group_size =
+      static_cast<int>((vecs + max_per_block - 1) / max_per_block);
+  const int64_t per_block = (vecs + launch.group_size - 1) / launch.group_size;
+  int64_t threads =
+      ((per_block + kStagedPieces - 1) / kStagedPieces + 31) / 32 * 32;
+  launch.threads = static_cast<int>(threads < 32 ? 32 : threads);
+  launch.stages = args.tune_stages > 0 ? args.tune_stages : 2;
+  launch.shared_bytes = launch.stages * launch.threads * kStagedPieces * 16;
+  return launch;
+}
+
+template <typename T, typename G>
+cudaError_t LaunchPipelinedBackward(const RowArgs& args, int num_sms,
+                                    cudaStream_t stream) {
+  constexpr int kW = 16 / sizeof(T);
+  const PipelineLaunch launch =
+      ChoosePipelineLaunch((args.vocab + kW - 1) / kW, args);
+  auto kernel = PipelinedBackwardKernel<T, G>;
+  cudaError_t error = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.shared_bytes);
+  if (error != cudaSuccess) return error;
+  int per_sm = 0;
+  error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, kernel, launch.threads, launch.shared_bytes);
+  if (error != cudaSuccess) return error;
+  int64_t groups =
+      int64_t{per_sm > 0 ? per_sm : 1} * num_sms / launch.group_size;
+  if (groups < 1) groups = 1;
+  if (groups > args.rows) groups = args.rows;
+  kernel<<<static_cast<unsigned>(groups * launch.group_size), launch.threads,
+           launch.shared_bytes, stream>>>(args, launch.group_size,
+                                          launch.stages);
+  return cudaGetLastError();
+}
+
+bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
+                      bool with_grad) {
+  const int w = 16 / element_bytes;
+  bool ok = Aligned(args.logits, 16) && args.logits_stride % w == 0;
+  if (with_grad)
+    ok = ok && Aligned(args.grad, w * grad_bytes) && args.grad_stride % w == 0;
+  return ok;
+}
+
+template <typename T, typename G, bool kVec, bool kGrad>
+cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
+                                cudaStream_t stream) {
+  auto kernel = WarpRowKernel<T, G, kVec, kGrad>;
+  int per_sm = 0;
+  cudaError_t error =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+  if (error != cudaSuccess) return error;
+  if (args.tune_blocks_per_sm > 0 && args.tune_blocks_per_sm < per_sm)
+    per_sm = args.tune_blocks_per_sm;
+  const int64_t max_blocks = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
+  const int64_t needed = (args.rows + 7) / 8;
+  const int64_t blocks = needed < max_blocks ? needed : max_blocks;
+  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Forward: the warp-per-row kernel (a read-only stream). Fused: the
+// register/cluster kernel, which keeps each row on chip between its reduction
+// and its gradient.
+template <typename T, typename G, bool kGrad>
+cudaError_t LaunchRowsTyped(const RowArgs& args, int num_sms,
+                            cudaStream_t stream) {
+  const bool vectorized = RowsVectorizable(args, sizeof(T), sizeof(G), kGrad);
+  const bool warp = args.tune_kernel == kKernelWarp ||
+                    (args.tune_kernel == kKernelAuto && !kGrad);
+  if (warp) {
+    return vectorized
+               ? LaunchWarpRowKernel<T, G, true, kGrad>(args, num_sms, stream)
+               : LaunchWarpRowKernel<T, G, false, kGrad>(args, num_sms, stream);
+  }
+  return vectorized
+             ? LaunchRowKernel<T, G, true, kGrad>(args, num_sms, stream)
+             : LaunchRowKernel<T, G, false, kGrad>(args, num_sms, stream);
+}
+
+// Backward: the pipelined kernel up to 128 KiB rows, the streaming one above
+// (measured on the H200: each wins on its side).
+template <typename T, typename G>
+cudaError_t LaunchBackwardTyped(const RowArgs& args, int num_sms,
+                                cudaStream_t stream) {
+  const bool vectorized = RowsVectorizable(args, sizeof(T), sizeof(G), true);
+  const bool pipelined = args.tune_kernel == kKernelPipelined ||
+                         (args.tune_kernel == kKernelAuto &&
+                          args.vocab * int64_t{sizeof(T)} <= (128 << 10));
+  if (vectorized && pipelined)
+    return LaunchPipelinedBackward<T, G>(args, num_sms, stream);
+  auto kernel =
+      vectorized ? BackwardKernel<T, G, true> : BackwardKernel<T, G, false>;
+  int per_sm = 0;
+  cudaError_t error =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+  if (error != cudaSuccess) return error;
+  const int64_t max_blocks = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
+  const int64_t blocks = args.rows < max_blocks ? args.rows : max_blocks;
+  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Calls fn.template operator()<T, G>() for the (logits, grad) element types of
+// args.
+template <bool kGrad, typename Fn>
+cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
+  const int grad_type = kGrad ? args.grad_type : args.logits_type;
+  switch (args.logits_type) {
+    case kF32:
+      if (grad_type == kF32) return fn.template operator()<float, float>();
+      // fp32 logits with 16-bit gradients: the linear cross-entropy's in-place
+      // chunks.
+      if constexpr (kGrad) {
+        if (grad_type == kBF16)
+          return fn.template operator()<float, __nv_bfloat16>();
+        if (grad_type == kF16) return fn.template operator()<float, __half>();
+      }
+      break;
+    case kBF16:
+      if (grad_type == kBF16)
+        return fn.template operator()<__nv_bfloat16, __nv_bfloat16>();
+      break;
+    case kF16:
+      if (grad_type == kF16) return fn.template operator()<__half, __half>();
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <bool kGrad>
+struct RowsLauncher {
+  const RowArgs& args;
+  int num_sms;
+  cudaStream_t stream;
+  template <typename T, typename G>
+  cudaError_t operator()() {
+    return LaunchRowsTyped<T, G, kGrad>(args, num_sms, stream);
+  }
+};
+
+struct BackwardLauncher {
+  const RowArgs& args;
+  int num_sms;
+  cudaStream_t stream;
+  template <typename T, typename G>
+  cudaError_t operator()() {
+    return LaunchBackwardTyped<T, G>(args, num_sms, stream);
+  }
+};
+
+}  // namespace
+
+cudaError_t LaunchTargetStats(const void* targets, bool targets_i64,
+                              int64_t rows, int64_t vocab, int64_t ignore_index,
+                              const float* class_weights, TargetStats* stats,
+                              cudaStream_t stream) {
+  TargetStatsKernel<<<1, 1024, 0, stream>>>(targets, targets_i64, rows, vocab,
+                                            ignore_index, class_weights, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRows(const RowArgs& args, int num_sms, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  if (args.vocab <= 0 || args.vocab > INT32_MAX / 2)
+    return cudaErrorInvalidValue;
+  if (args.grad == nullptr)
+    return DispatchTypes<false>(args,
+                                RowsLauncher<false>{args, num_sms, stream});
+  return DispatchTypes<true>(args, RowsLauncher<true>{args, num_sms, stream});
+}
+
+cudaError_t LaunchBackward(const RowArgs& args, int num_sms,
+                           cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  if (args.vocab <= 0 || args.vocab > INT32_MAX / 2 || args.lse == nullptr ||
+      args.grad == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchTypes<true>(args, BackwardLauncher{args, num_sms, stream});
+}
+
+cudaError_t LaunchSumRows(const float* row_loss, int64_t rows, float* loss,
+                          cudaStream_t stream) {
+  SumRowsKernel<<<1, 1024, 0, stream>>>(row_loss, rows, loss);
+  return cudaGetLastError();
+}
+
+}  // namespace ce
+}  // namespace lossrt

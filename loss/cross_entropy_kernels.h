@@ -1,0 +1,73 @@
+// The cross-entropy kernels' interface, shared by the CPU backend, the CUDA
+// backend and the linear cross-entropy that runs them chunk by chunk. Internal
+// to //loss: plain pointers, no CUDA types.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_KERNELS_H_
+#define LOSSRT_LOSS_CROSS_ENTROPY_KERNELS_H_
+
+#include <cstdint>
+
+namespace lossrt {
+namespace ce {
+
+// Element types, matching lossrt::DType's order.
+enum ElementType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// What a target scan finds: the denominators of the mean and whether any target
+// is bad. Lives in device memory for the CUDA kernels.
+struct TargetStats {
+  double ce_denominator;  // sum of w[t] over counted tokens (their count
+                          // without weights)
+  double z_denominator;   // number of counted tokens
+  double
+      weight_total;  // sum_j w[j] over the vocabulary (vocab without weights)
+  int64_t invalid;   // number of targets outside [0, vocab) that are not
+                     // ignore_index
+  int64_t negative_weights;  // number of class weights below 0 (or NaN)
+};
+
+enum ReductionKind : int { kMean = 0, kSum = 1, kNone = 2 };
+
+// One launch of the row kernel: rows [0, rows) of a logits block.
+struct RowArgs {
+  const void* logits =
+      nullptr;  // [rows, vocab], row stride logits_stride elements
+  int logits_type = kF32;
+  int64_t logits_stride = 0;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  const void* targets = nullptr;  // [rows]
+  bool targets_i64 = true;
+  int64_t ignore_index = -100;
+  float label_smoothing = 0.0f;
+  float z_loss = 0.0f;
+  float softcap = 0.0f;
+  const float* class_weights = nullptr;  // [vocab] or null
+  int reduction = kMean;
+  // Denominators of the mean (device memory, from the target scan); used when
+  // kMean.
+  const TargetStats* stats = nullptr;
+  // Incoming gradient: null = 1; else f32, one value or one per row.
+  const float* grad_loss = nullptr;
+  bool grad_loss_per_row = false;
+  // Outputs. row_loss[i]: token i's loss, already divided by the mean's
+  // denominators when kMean (so the loss is the plain sum of row_loss).
+  float* row_loss = nullptr;  // [rows]
+  float* lse = nullptr;       // [rows] or null
+  // Gradient (null: forward only) [rows, vocab] with row stride grad_stride
+  // elements of grad_type. It may alias the logits when each grad row starts
+  // where its logits row does.
+  void* grad = nullptr;
+  int grad_type = kF32;
+  int64_t grad_stride = 0;
+  // Launch tuning of the CUDA row kernels (0 = automatic); for the benchmark's
+  // sweep.
+  int tune_kernel =
+      0;  // 1 register/cluster, 2 pipelined backward, 3 warp per row
+  int tune_stages = 0;  // rows in shared memory per block (pipelined backward)
+  int tune_blocks_per_sm = 0;  // cap on resident blocks per SM (warp kernel)
+};
+
+}  // namespace ce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_KERNELS_H_
