@@ -488,7 +488,10 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
       const float w = view.weights != nullptr
                           ? view.weights[min(base + j, view.vocab - 1)]
                           : 1.0f;
-      g[j] = gc.coef * expf((x[j] - gc.shift) - gc.log_sum) - gc.smooth_w * w;
+      // The argument is formed before the scaling by log2(e): exact for the
+      // large p.
+      g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e) -
+             gc.smooth_w * w;
     }
     if (static_cast<uint64_t>(c.target - base) < static_cast<uint64_t>(kW)) {
       // The target's p - 1 through expm1, exact when p is near 1 (one element a
@@ -832,14 +835,22 @@ __global__ void __launch_bounds__(kMaxThreads)
     issue(row + (stages - 1) * groups,
           static_cast<int>((k + stages - 1) % stages));
     CpAsyncWait(stages - 1);  // this thread's pieces of `row` have landed
-    const StagedTile<T> tile{
-        stage_memory + static_cast<int>(k % stages) * stage_size + threadIdx.x};
+    const uint4* pieces =
+        stage_memory + static_cast<int>(k % stages) * stage_size + threadIdx.x;
     const RowCoefficients c = MakeCoefficients(args, row, true);
     const float lse = args.lse[row];
     const GradCoefficients gc =
         MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
-    TileGrad<G, StagedTile<T>, kStagedPieces>(
-        tile, view, static_cast<G*>(args.grad) + row * args.grad_stride, gc, c);
+    G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    // One piece at a time: shared memory holds the row, so nothing gains from
+    // unrolling.
+#pragma unroll 1
+    for (int r = 0; r < kStagedPieces; ++r) {
+      RowView piece_view = view;
+      piece_view.first = first + r * stride;
+      TileGrad<G, StagedTile<T>, 1>(StagedTile<T>{pieces + r * blockDim.x},
+                                    piece_view, grad_row, gc, c);
+    }
   }
   CpAsyncWait(0);
 }
