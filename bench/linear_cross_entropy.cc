@@ -320,12 +320,16 @@ absl::StatusOr<double> HeadDifference(Context& context, const Tensor& a,
     diff += (x[i] - y[i]) * (x[i] - y[i]);
     norm += y[i] * y[i];
   }
+  // NaN (from either side) compares as a mismatch.
+  if (!std::isfinite(diff) || !std::isfinite(norm)) return 1.0;
   return norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? 1.0 : 0.0);
 }
 
 struct ShapeResult {
   Shape3 shape;
   double gemms_ms = 0;
+  double unfused_gemms_ms = 0;  // the unfused path's GEMMs alone
+  double ce_only_ms = 0;        // its cross-entropy kernel alone
   Measured unfused, fused, fused_bf16;
   std::string fused_plan, fused_bf16_plan;
   std::vector<std::pair<int64_t, Measured>> curve;
@@ -357,8 +361,12 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   }
 
   // Unfused: fp32 logits [N, V], the cross-entropy kernels (bf16 gradient in
-  // place), two GEMMs.
+  // place), two GEMMs. Its gradients are kept for the check.
   float unfused_loss = 0;
+  ASSIGN_OR_RETURN(OwnedTensor ref_d_hidden,
+                   EmptyTensor(context.allocator(), DType::kBF16, {s.n, s.h}));
+  ASSIGN_OR_RETURN(OwnedTensor ref_d_weight,
+                   EmptyTensor(context.allocator(), DType::kF32, {s.v, s.h}));
   {
     int num_sms = 0;
     CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
@@ -394,15 +402,49 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
     ASSIGN_OR_RETURN(r.unfused, Measure(context, unfused));
     CUDA_RETURN_IF_ERROR(
         cudaMemcpy(&unfused_loss, t.loss.view.data, 4, cudaMemcpyDeviceToHost));
-  }
-  // Keep the unfused gradients for the check.
-  ASSIGN_OR_RETURN(OwnedTensor ref_d_hidden,
-                   EmptyTensor(context.allocator(), DType::kBF16, {s.n, s.h}));
-  ASSIGN_OR_RETURN(OwnedTensor ref_d_weight,
-                   EmptyTensor(context.allocator(), DType::kF32, {s.v, s.h}));
-  RETURN_IF_ERROR(CopyTensor(t.d_hidden.view, ref_d_hidden.view, context));
-  RETURN_IF_ERROR(CopyTensor(t.d_weight.view, ref_d_weight.view, context));
+    RETURN_IF_ERROR(CopyTensor(t.d_hidden.view, ref_d_hidden.view, context));
+    RETURN_IF_ERROR(CopyTensor(t.d_weight.view, ref_d_weight.view, context));
 
+    // Its parts: the GEMMs alone (fp32 logits, then the gradient GEMMs reading
+    // bf16 dlogits with the in-place row stride), and the cross-entropy kernel
+    // alone (fp32 logits in, bf16 gradient out).
+    ASSIGN_OR_RETURN(Buffer logits,
+                     context.allocator().Allocate(s.n * s.v * 4));
+    ASSIGN_OR_RETURN(Buffer grad, context.allocator().Allocate(s.n * s.v * 2));
+    ASSIGN_OR_RETURN(Buffer scratch,
+                     context.allocator().Allocate(256 + s.n * 4));
+    auto* stats = scratch.data_as<ce::TargetStats>();
+    ASSIGN_OR_RETURN(
+        Measured gemms, Measure(context, [&]() -> absl::Status {
+          RETURN_IF_ERROR(
+              LogitsGemm(handle, s, t, logits.data(), CUDA_R_32F, s.v));
+          RETURN_IF_ERROR(DHiddenGemm(handle, s, t, logits.data(), 2 * s.v));
+          return DWeightGemm(handle, s, t, logits.data(), 2 * s.v,
+                             t.d_weight.view.data, CUDA_R_32F);
+        }));
+    r.unfused_gemms_ms = gemms.ms;
+    RETURN_IF_ERROR(LogitsGemm(handle, s, t, logits.data(), CUDA_R_32F, s.v));
+    CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
+        t.targets.view.data, true, s.n, s.v, -100, nullptr, stats, stream));
+    ASSIGN_OR_RETURN(
+        Measured ce_only, Measure(context, [&]() -> absl::Status {
+          ce::RowArgs args;
+          args.logits = logits.data();
+          args.logits_stride = s.v;
+          args.rows = s.n;
+          args.vocab = s.v;
+          args.targets = t.targets.view.data;
+          args.stats = stats;
+          args.row_loss =
+              reinterpret_cast<float*>(scratch.data_as<char>() + 256);
+          args.grad = grad.data();
+          args.grad_type = ce::kBF16;
+          args.grad_stride = s.v;
+          CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
+          return absl::OkStatus();
+        }));
+    r.ce_only_ms = ce_only.ms;
+  }
   LinearCrossEntropyOptions options;
   options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
   options.cross_entropy.validate_targets =
@@ -490,6 +532,17 @@ absl::Status RunGpu(const Device& device) {
                 r.shape.Name().c_str(), r.check_loss, r.check_d_hidden,
                 r.check_d_weight, ok ? "ok" : "MISMATCH");
   }
+  std::printf(
+      "\nunfused path's parts: GEMMs (fp32 logits, bf16 dlogits) and the "
+      "cross-entropy kernel alone (fp32 in, bf16 gradient out):\n");
+  for (const ShapeResult& r : results) {
+    const double bytes = 6.0 * r.shape.n * r.shape.v;
+    std::printf(
+        "  %-18s GEMMs %8.2f ms (%.2fx), cross-entropy %7.2f ms (%.0f GB/s)\n",
+        r.shape.Name().c_str(), r.unfused_gemms_ms,
+        r.unfused_gemms_ms / r.gemms_ms, r.ce_only_ms,
+        bytes / (r.ce_only_ms * 1e-3) / 1e9);
+  }
   std::printf("\nplans at the default budget: \n");
   for (const ShapeResult& r : results) {
     std::printf("  %-18s d_weight f32: %s\n  %-18s d_weight bf16: %s\n",
@@ -542,6 +595,8 @@ absl::Status RunGpu(const Device& device) {
               {"gemms_3_ms", Num(r.gemms_ms)},
               {"unfused_ms", Num(r.unfused.ms)},
               {"unfused_peak_extra_bytes", Num(r.unfused.peak)},
+              {"unfused_gemms_ms", Num(r.unfused_gemms_ms)},
+              {"ce_only_ms", Num(r.ce_only_ms)},
               {"fused_ms", Num(r.fused.ms)},
               {"fused_peak_extra_bytes", Num(r.fused.peak)},
               {"fused_plan", Quote(r.fused_plan)},

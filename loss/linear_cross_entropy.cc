@@ -68,11 +68,24 @@ class Layout {
 };
 
 // Rough H200 rates for choosing between schedules (only their ratios matter).
+// The cross-entropy kernels' rate is what they reached there on 2026-11-30
+// (fp32 logits in, bf16 gradient out: 1.3-2.0 TB/s), below the copy rate.
 struct Rates {
   double flops;
   double bytes_per_second = 3.8e12;
+  double ce_bytes_per_second = 1.8e12;
   double launch_seconds = 6e-6;
 };
+
+// Overlapping the cross-entropy with the GEMMs pays (measured on the H200)
+// only when the GEMMs of a block take several times longer than its
+// cross-entropy: per logit, 2H flops per GEMM against 4 + dlogits bytes. Even
+// then it saved only 3-5%, so the estimates below assume it hides nothing.
+constexpr double kOverlapMinGemmToCeRatio = 3.0;
+
+// The two-pass schedule ran about 8% above its estimate on the H200 (its
+// second pass's launches and slice kernels): a tie goes to token chunks.
+constexpr double kTwoPassOverhead = 1.08;
 
 Rates RatesFor(const PlanInput& in) {
   Rates rates;
@@ -86,13 +99,15 @@ Rates RatesFor(const PlanInput& in) {
 
 // A GEMM over `token_rows` tokens: compute- or memory-bound, with the token
 // dimension padded to the 128-row tiles of the GEMM kernels.
+// `accumulator_bytes` (beta = 1: C read and written again) do not hide under
+// the GEMM's compute, as measured: they add.
 double GemmSeconds(const Rates& rates, int64_t token_rows, double flops,
-                   double bytes) {
+                   double bytes, double accumulator_bytes = 0) {
   const double efficiency = static_cast<double>(token_rows) /
                             static_cast<double>(RoundUp(token_rows, 128));
   return std::max(flops / (rates.flops * efficiency),
                   bytes / rates.bytes_per_second) +
-         rates.launch_seconds;
+         accumulator_bytes / rates.bytes_per_second + rates.launch_seconds;
 }
 
 struct Costs {
@@ -102,8 +117,6 @@ struct Costs {
   double dw;      // d_weight bytes as written by the GEMM
   double hidden;  // H
   double vocab;   // V
-  double
-      ce_fraction;  // share of the cross-entropy time not hidden behind GEMMs
 };
 
 // A token chunk of c rows over the whole vocabulary.
@@ -115,15 +128,17 @@ double TokenChunkSeconds(const PlanInput& in, const Rates& r, const Costs& k,
   double seconds = GemmSeconds(
       r, c, flops, k.e * (vh + rows * k.hidden) + 4 * rows * k.vocab);
   if (in.pass == Pass::kForward) {
-    return seconds + 4 * rows * k.vocab / r.bytes_per_second + r.launch_seconds;
+    return seconds + 4 * rows * k.vocab / r.ce_bytes_per_second +
+           r.launch_seconds;
   }
-  seconds += k.ce_fraction * (4 + k.ge) * rows * k.vocab / r.bytes_per_second;
+  seconds += (4 + k.ge) * rows * k.vocab / r.ce_bytes_per_second;
   seconds += GemmSeconds(
       r, c, flops, k.e * vh + k.ge * rows * k.vocab + k.dh * rows * k.hidden);
   if (d_weight) {
     seconds += GemmSeconds(
         r, c, flops,
-        k.e * rows * k.hidden + k.ge * rows * k.vocab + (first ? 4 : 8) * vh);
+        k.e * rows * k.hidden + k.ge * rows * k.vocab + (first ? 4 * vh : 0),
+        first ? 0 : 8 * vh);
   }
   return seconds;
 }
@@ -137,7 +152,7 @@ double SliceSeconds(const PlanInput& in, const Rates& r, const Costs& k,
   double seconds =
       GemmSeconds(r, in.tokens, flops,
                   k.e * (n * k.hidden + cols * k.hidden) + 4 * n * cols);
-  seconds += k.ce_fraction * (4 + k.ge) * n * cols / r.bytes_per_second;
+  seconds += (4 + k.ge) * n * cols / r.ce_bytes_per_second;
   seconds += GemmSeconds(
       r, in.tokens, flops,
       k.e * n * k.hidden + k.ge * n * cols + k.dw * cols * k.hidden);
@@ -251,8 +266,12 @@ Candidate PlanSchedule(const PlanInput& in,
   costs.dw = static_cast<double>(DTypeSize(in.d_weight_type));
   costs.hidden = static_cast<double>(in.hidden);
   costs.vocab = static_cast<double>(v);
-  costs.ce_fraction =
-      in.overlap_streams && in.device == DeviceKind::kCuda ? 0.35 : 1.0;
+  const double gemm_per_logit = 2.0 * in.hidden / rates.flops;
+  const double ce_per_logit =
+      (backward ? 4.0 + costs.ge : 4.0) / rates.ce_bytes_per_second;
+  plan.overlap_streams =
+      in.overlap_streams && in.device == DeviceKind::kCuda &&
+      gemm_per_logit >= kOverlapMinGemmToCeRatio * ce_per_logit;
   // The first chunk, the full ones after it and the last (the same for slices).
   double seconds = 0;
   if (plan.num_chunks > 0) {
@@ -278,7 +297,7 @@ Candidate PlanSchedule(const PlanInput& in,
     seconds += 6.0 * v * in.hidden /
                rates.bytes_per_second;  // the final rounding pass
   }
-  plan.estimated_seconds = seconds;
+  plan.estimated_seconds = token_chunks ? seconds : kTwoPassOverhead * seconds;
   return out;
 }
 
@@ -304,7 +323,8 @@ std::string Plan::ToString() const {
   }
   absl::StrAppend(&text, "; workspace ", Bytes(total_bytes), " (logits ",
                   Bytes(logits_bytes),
-                  d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "", ")");
+                  d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "", ")",
+                  overlap_streams ? "; 2 streams" : "");
   return text;
 }
 

@@ -2,11 +2,15 @@
 //   G1 logits (cuBLASLt, fp32 output, bias epilogue) -> CE kernel (dlogits in
 //   place, in the operand dtype) -> G2 d_hidden and G3 d_weight (cuBLASLt, fp32
 //   accumulation),
-// and, with overlap_streams, splits the block's rows in two so that the
-// memory-bound cross-entropy of one half runs on a second stream while the
+// and, where the plan overlaps streams, splits the block's rows in two so that
+// the memory-bound cross-entropy of one half runs on a second stream while the
 // GEMMs of the other half run on the context's stream:
 //   main:  G1(a) G1(b) . G2(a) G2(b) G3
 //   side:        CE(a) CE(b)
+// (Measured on the H200, 2026-11-30: this pays only where the GEMMs take
+// several times longer than the cross-entropy, e.g. bf16 at H = 4096; four
+// parts, stream priorities, or fewer SMs for the cross-entropy with the GEMMs'
+// CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET did no better.)
 // All GEMMs stay on the context's stream, so the one cuBLASLt workspace is
 // never shared. Compiled only with the CUDA toolkit (LOSSRT_WITH_CUDA).
 #ifdef LOSSRT_WITH_CUDA
@@ -415,7 +419,7 @@ absl::Status CudaBackend::Begin() {
   gemm_ = std::make_unique<GemmRunner>(lt, lt_workspace,
                                        plan_.gemm_workspace_bytes, compute);
 
-  if (options.overlap_streams) {
+  if (plan_.overlap_streams) {
     // The cross-entropy stream gets the higher priority, so that its blocks
     // take SMs as soon as GEMM tiles retire instead of queueing behind the next
     // GEMM.

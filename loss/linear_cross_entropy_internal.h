@@ -118,6 +118,9 @@ struct Plan {
       0;                    // share of the context's cuBLASLt workspace used
   int64_t total_bytes = 0;  // block_bytes + gemm_workspace_bytes <= the budget
 
+  // GPU: run the cross-entropy beside the GEMMs on a second stream (the option
+  // asks for it and the GEMMs are long enough to hide it).
+  bool overlap_streams = false;
   double estimated_seconds = 0;  // the cost model's estimate (H200-like rates)
   std::string ToString() const;
 };
