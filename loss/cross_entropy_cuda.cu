@@ -882,6 +882,8 @@ __global__ void __launch_bounds__(1024)
   __shared__ long long scratch_i[32];
   double weight_sum = 0.0, weight_total = 0.0;
   long long counted = 0, invalid = 0, negative = 0;
+  // Unrolled so that several loads are in flight: one block scans every target.
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
     const int64_t t = targets_i64 ? static_cast<const int64_t*>(targets)[i]
                                   : static_cast<const int32_t*>(targets)[i];
@@ -920,6 +922,7 @@ __global__ void __launch_bounds__(1024)
     SumRowsKernel(const float* row_loss, int64_t rows, float* loss) {
   __shared__ double scratch[32];
   double sum = 0.0;
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) sum += row_loss[i];
   sum = BlockSum(sum, scratch);
   if (threadIdx.x == 0) loss[0] = static_cast<float>(sum);
