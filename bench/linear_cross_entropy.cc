@@ -1,20 +1,19 @@
-// Benchmark of the fused linear cross-entropy (`bazel run -c opt
-// //bench:linear_cross_entropy`). For each shape of the issue (bf16 hidden and
-// weight, loss and every gradient; d_hidden bf16, d_weight f32) it measures in
-// one run, each as the median of CUDA-event timings after warm-up:
-//   - the three plain cuBLAS GEMMs of the same shapes (logits, d_hidden,
-//   d_weight; bf16): the
-//     ceiling;
-//   - the unfused path: a GEMM into full fp32 logits, the cross-entropy kernels
-//   on them
-//     (ce::LaunchRows, bf16 gradient in place), the two gradient GEMMs;
-//   - the fused call at the default 1 GiB budget (also with a bf16 d_weight),
-//   and the curve of
-//     its time against max_workspace_bytes from 64 MiB to 4 GiB;
+// Benchmark of the fused linear cross-entropy
+// (`bazel run -c opt //bench:linear_cross_entropy`). For each shape of the
+// issue (bf16 hidden and weight, loss and every gradient; d_hidden bf16,
+// d_weight f32) it measures in one run, each as the median of CUDA-event
+// timings after warm-up:
+// - the three plain cuBLAS GEMMs of the same shapes (logits, d_hidden,
+//   d_weight; bf16): the ceiling;
+// - the unfused path: a GEMM into full fp32 logits, the cross-entropy kernels
+//   on them (ce::LaunchRows, bf16 gradient in place), the two gradient GEMMs;
+//   and its parts (the GEMMs alone, the cross-entropy kernel alone);
+// - the fused call at the default 1 GiB budget (also with a bf16 d_weight), and
+//   the curve of its time against max_workspace_bytes from 64 MiB to 4 GiB;
 // with the peak device memory beyond inputs and gradient outputs (the context
-// allocator's peak), and checks the fused results against the unfused ones. The
-// compact table comes last. Without a GPU it runs the CPU backend on small
-// shapes and says so.
+// allocator's peak), and checks the fused results against the unfused ones
+// (exit status 1 when they differ). The compact table comes last. Without a
+// GPU it runs the CPU backend on small shapes and says so.
 #include "loss/linear_cross_entropy.h"
 
 #include <algorithm>

@@ -5,8 +5,9 @@
 // loss/cross_entropy.h run on each chunk, and the gradients of hidden, weight
 // and bias are accumulated in fp32 from the chunk's dlogits.
 //
-//   lossrt::LinearCrossEntropyOptions options;  // mean over non-ignored
-//   tokens, 1 GiB budget options.cross_entropy.label_smoothing = 0.1f;
+//   // Mean over non-ignored tokens, at most 1 GiB of temporaries.
+//   lossrt::LinearCrossEntropyOptions options;
+//   options.cross_entropy.label_smoothing = 0.1f;
 //   RETURN_IF_ERROR(lossrt::LinearCrossEntropyForwardBackward(
 //       *context, {hidden, weight, std::nullopt, targets}, options, loss,
 //       /*lse=*/nullptr, {d_hidden, d_weight, std::nullopt}));
@@ -22,13 +23,16 @@
 // the weight dtype; d_bias [V] in f32 or the bias dtype. All on the context's
 // device. Gradients are accumulated in fp32 and rounded once.
 //
-// Memory: every temporary of a call (logits chunk, fp32 accumulators, per-token
-// scratch and the share of the cuBLASLt workspace it uses) fits in
-// `max_workspace_bytes` and comes from the context's allocator. A call fails
-// with InvalidArgument, writing nothing, when its inputs are invalid (shapes,
-// dtypes, devices, null data, targets outside [0, V) that are not ignore_index)
-// or when the budget cannot hold a single chunk. Results are bitwise the same
-// from run to run for the same shapes, options and device.
+// Memory: every temporary of a call (logits chunk, fp32 accumulators,
+// per-token scratch and the share of the cuBLASLt workspace it uses) fits in
+// `max_workspace_bytes` and comes from the context's allocator (the CPU backend
+// also keeps fp32 copies of 16-bit operands, outside the budget).
+//
+// Errors: InvalidArgument, with nothing written, for invalid inputs (shapes,
+// dtypes, devices, null data, overlapping outputs, targets outside [0, V) that
+// are not ignore_index, negative class weights) and for a budget that cannot
+// hold a single chunk (the message names the smallest that can). Results are
+// bitwise the same from run to run for the same shapes, options and device.
 #ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 #define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 

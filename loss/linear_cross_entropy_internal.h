@@ -4,17 +4,16 @@
 // schedule runs, and the backend interface. Internal to //loss (tests and
 // benchmarks read plans to check and report the schedule).
 //
-// A block is rows [row_begin, row_end) x vocabulary columns [col_begin,
-// col_end) of the logits:
-//   G1  logits[rows, cols] = hidden[rows] @ weight[cols]^T + bias[cols] (fp32,
-//   in the buffer) CE  the cross-entropy kernel on the block (full rows:
-//   cross_entropy_cuda.h / _cpu.h;
-//       a vocabulary slice: SliceBackward), dlogits written in place in the
-//       operand dtype
-//   G2  d_hidden[rows] = dlogits @ weight[cols]              (full rows only;
-//   written once) G3  d_weight[cols] (+)= dlogits^T @ hidden[rows] (fp32
-//   accumulation)
-//       d_bias[cols] (+)= column sums of dlogits
+// A block is rows [row_begin, row_end) x vocabulary columns
+// [col_begin, col_end) of the logits. Running it means:
+// - G1: logits[rows, cols] = hidden[rows] @ weight[cols]^T + bias[cols], in
+//   fp32 in the workspace buffer;
+// - CE: the cross-entropy kernel on the block, writing dlogits in place in the
+//   operand dtype (whole rows: cross_entropy_cuda.h / cross_entropy_cpu.h; a
+//   vocabulary slice: SliceBackward of linear_cross_entropy_kernels.h);
+// - G2 (whole rows only): d_hidden[rows] = dlogits @ weight, written once;
+// - G3: d_weight[cols] (+)= dlogits^T @ hidden[rows] and
+//   d_bias[cols] (+)= the column sums of dlogits, accumulated in fp32.
 #ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
 #define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
 
