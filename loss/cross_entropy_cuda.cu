@@ -513,9 +513,12 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
         g[j] *= 1.0f - t * t;
       }
     }
-    if (c.ignored) {
+    if (!c.valid_target) {
+      // Ignored rows get zeros; an unvalidated out-of-range target poisons its
+      // row (its loss is NaN too), as on the CPU.
+      const float fill = c.ignored ? 0.0f : QuietNaN();
 #pragma unroll
-      for (int j = 0; j < kW; ++j) g[j] = 0.0f;
+      for (int j = 0; j < kW; ++j) g[j] = fill;
     }
     if (base + kW <= view.vocab) {
       StoreVec<G, kW>(grad_row + base, g);
