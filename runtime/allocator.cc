@@ -1,5 +1,5 @@
-// The caching allocator: a size-keyed free list over cudaMalloc (device) or aligned_alloc
-// (host).
+// The caching allocator: a size-keyed free list over cudaMalloc (device) or
+// aligned_alloc (host).
 #include "runtime/allocator.h"
 
 #include <cstdlib>
@@ -39,7 +39,8 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::Reset() {
-  if (allocator_ != nullptr && data_ != nullptr) allocator_->Release(data_, capacity_);
+  if (allocator_ != nullptr && data_ != nullptr)
+    allocator_->Release(data_, capacity_);
   allocator_ = nullptr;
   data_ = nullptr;
   bytes_ = capacity_ = 0;
@@ -54,8 +55,10 @@ absl::StatusOr<Buffer> Allocator::Allocate(int64_t bytes) {
   Buffer buffer;
   buffer.device_ = device_;
   if (bytes == 0) return buffer;
-  // Small blocks round to 256 B, large ones to 2 MiB so that the cache matches well.
-  const int64_t capacity = RoundUp(bytes, bytes < (int64_t{1} << 20) ? kAlignment : (2 << 20));
+  // Small blocks round to 256 B, large ones to 2 MiB so that the cache matches
+  // well.
+  const int64_t capacity =
+      RoundUp(bytes, bytes < (int64_t{1} << 20) ? kAlignment : (2 << 20));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = free_blocks_.lower_bound(capacity);
@@ -79,7 +82,8 @@ absl::StatusOr<Buffer> Allocator::Allocate(int64_t bytes) {
       data = std::aligned_alloc(kAlignment, capacity);
     }
     if (data == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host allocation of ", bytes, " bytes failed"));
     }
   } else {
 #ifdef LOSSRT_WITH_CUDA
@@ -92,7 +96,8 @@ absl::StatusOr<Buffer> Allocator::Allocate(int64_t bytes) {
     }
     CUDA_RETURN_IF_ERROR(error);
 #else
-    return absl::UnavailableError("device memory requested, but built without CUDA");
+    return absl::UnavailableError(
+        "device memory requested, but built without CUDA");
 #endif
   }
   std::lock_guard<std::mutex> lock(mutex_);

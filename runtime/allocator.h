@@ -1,14 +1,17 @@
-// Owning memory: Buffer (RAII, host or device, 256-byte aligned) and the caching
-// Allocator that hands them out and counts current and peak bytes in use.
+// Owning memory: Buffer (RAII, host or device, 256-byte aligned) and the
+// caching Allocator that hands them out and counts current and peak bytes in
+// use.
 //
 //   lossrt::Allocator allocator(lossrt::Device::Cuda(0));
 //   ASSIGN_OR_RETURN(lossrt::Buffer buffer, allocator.Allocate(1 << 20));
-//   // ... buffer.data() ... ; its memory goes back to the allocator's cache on destruction.
+//   // ... buffer.data() ... ; its memory goes back to the allocator's cache on
+//   destruction.
 //
-// Freed blocks are kept and reused for later requests of a similar size (at most twice the
-// request), so steady-state training steps do not call cudaMalloc. Device memory handed out
-// is stream-ordered by its owner: reuse is safe as long as every user of an allocator's
-// memory runs on the one stream of the Context that owns the allocator.
+// Freed blocks are kept and reused for later requests of a similar size (at
+// most twice the request), so steady-state training steps do not call
+// cudaMalloc. Device memory handed out is stream-ordered by its owner: reuse is
+// safe as long as every user of an allocator's memory runs on the one stream of
+// the Context that owns the allocator.
 #ifndef LOSSRT_RUNTIME_ALLOCATOR_H_
 #define LOSSRT_RUNTIME_ALLOCATOR_H_
 
@@ -58,13 +61,15 @@ class Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
-  // A buffer of at least `bytes` bytes (256-byte aligned). Zero bytes gives an empty buffer.
+  // A buffer of at least `bytes` bytes (256-byte aligned). Zero bytes gives an
+  // empty buffer.
   absl::StatusOr<Buffer> Allocate(int64_t bytes);
 
   const Device& device() const { return device_; }
   int64_t current_bytes() const;  // held by live buffers (block sizes)
-  int64_t peak_bytes() const;     // the most current_bytes has been since the last reset
-  int64_t cached_bytes() const;   // freed blocks kept for reuse
+  int64_t peak_bytes()
+      const;  // the most current_bytes has been since the last reset
+  int64_t cached_bytes() const;  // freed blocks kept for reuse
   void ResetPeak();
   // Returns cached blocks to the system (cudaFree / free).
   void ReleaseCache();

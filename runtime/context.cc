@@ -15,7 +15,8 @@ namespace {
 
 absl::Status RequireCuda(const Device& device, const char* what) {
   if (!device.is_cuda()) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " needs a CUDA context, this one is on ", device.ToString()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " needs a CUDA context, this one is on ", device.ToString()));
   }
 #ifndef LOSSRT_WITH_CUDA
   return absl::UnavailableError(absl::StrCat(what, ": built without CUDA"));
@@ -29,17 +30,23 @@ Context::Context(Device device) : device_(device), allocator_(device) {}
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Create(Device device) {
   if (device.is_cuda()) {
-    if (!BuiltWithCuda()) return absl::UnavailableError("CUDA device requested, but built without CUDA");
+    if (!BuiltWithCuda())
+      return absl::UnavailableError(
+          "CUDA device requested, but built without CUDA");
     const int count = CudaDeviceCount();
     if (device.ordinal < 0 || device.ordinal >= count) {
-      return absl::UnavailableError(absl::StrCat("no CUDA device ", device.ToString(), " (", count, " present)"));
+      return absl::UnavailableError(absl::StrCat(
+          "no CUDA device ", device.ToString(), " (", count, " present)"));
     }
   }
   return std::unique_ptr<Context>(new Context(device));
 }
 
-absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(Device device, void* cuda_stream) {
-  if (!device.is_cuda()) return InvalidArgument("CreateWithStream needs a CUDA device, got ", device.ToString());
+absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
+    Device device, void* cuda_stream) {
+  if (!device.is_cuda())
+    return InvalidArgument("CreateWithStream needs a CUDA device, got ",
+                           device.ToString());
   ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Create(device));
   context->stream_ = cuda_stream;
   context->owns_stream_ = false;
@@ -52,10 +59,13 @@ Context::~Context() {
 #ifdef LOSSRT_WITH_CUDA
   if (device_.is_cuda()) {
     auto scoped = ScopedDevice::Enter(device_.ordinal);
-    if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    if (cublaslt_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
+    if (stream_ != nullptr)
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    if (cublaslt_ != nullptr)
+      cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
     if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-    if (owns_stream_ && stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    if (owns_stream_ && stream_ != nullptr)
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 #endif
 }
@@ -66,7 +76,8 @@ absl::StatusOr<void*> Context::stream() {
   if (stream_ == nullptr) {
     ASSIGN_OR_RETURN(ScopedDevice scoped, ScopedDevice::Enter(device_.ordinal));
     cudaStream_t stream;
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     stream_ = stream;
     owns_stream_ = true;
   }
@@ -84,8 +95,10 @@ absl::StatusOr<void*> Context::cublas_handle() {
     cublasHandle_t handle;
     CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
     cublas_ = handle;
-    CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, static_cast<cudaStream_t>(stream)));
-    CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(handle, workspace, kCublasLtWorkspaceBytes));
+    CUBLAS_RETURN_IF_ERROR(
+        cublasSetStream(handle, static_cast<cudaStream_t>(stream)));
+    CUBLAS_RETURN_IF_ERROR(
+        cublasSetWorkspace(handle, workspace, kCublasLtWorkspaceBytes));
   }
 #endif
   return cublas_;
@@ -107,7 +120,8 @@ absl::StatusOr<void*> Context::cublaslt_handle() {
 absl::StatusOr<void*> Context::cublaslt_workspace() {
   RETURN_IF_ERROR(RequireCuda(device_, "cublaslt_workspace()"));
   if (cublaslt_workspace_.data() == nullptr) {
-    ASSIGN_OR_RETURN(cublaslt_workspace_, allocator_.Allocate(kCublasLtWorkspaceBytes));
+    ASSIGN_OR_RETURN(cublaslt_workspace_,
+                     allocator_.Allocate(kCublasLtWorkspaceBytes));
   }
   return cublaslt_workspace_.data();
 }
@@ -116,7 +130,8 @@ absl::StatusOr<void*> Context::Workspace(int64_t bytes) {
   if (bytes < 0) return InvalidArgument("Workspace: negative size ", bytes);
   if (bytes > workspace_.bytes()) {
 #ifdef LOSSRT_WITH_CUDA
-    // Work queued earlier may still use the old block; it goes back to the cache only after.
+    // Work queued earlier may still use the old block; it goes back to the
+    // cache only after.
     if (device_.is_cuda() && stream_ != nullptr) RETURN_IF_ERROR(Synchronize());
 #endif
     workspace_.Reset();
@@ -130,7 +145,8 @@ absl::Status Context::Synchronize() {
 #ifdef LOSSRT_WITH_CUDA
   if (stream_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ScopedDevice scoped, ScopedDevice::Enter(device_.ordinal));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 #endif
   return absl::OkStatus();
 }

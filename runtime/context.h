@@ -1,15 +1,16 @@
-// Context: everything an op needs to run on a device, owned by the caller. On a GPU it holds
-// a CUDA stream, cuBLAS and cuBLASLt handles with their workspace, an Allocator and a
-// scratch workspace that grows on demand; all are created on first use. Several contexts
-// may live side by side (one per stream or thread); nothing is process-wide.
+// Context: everything an op needs to run on a device, owned by the caller. On a
+// GPU it holds a CUDA stream, cuBLAS and cuBLASLt handles with their workspace,
+// an Allocator and a scratch workspace that grows on demand; all are created on
+// first use. Several contexts may live side by side (one per stream or thread);
+// nothing is process-wide.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<lossrt::Context> context,
 //                    lossrt::Context::Create(lossrt::DefaultDevice()));
 //   RETURN_IF_ERROR(SomeOp(*context, ...));
 //   RETURN_IF_ERROR(context->Synchronize());
 //
-// The header is CUDA-free: streams and handles cross it as opaque pointers; code built with
-// CUDA reaches them typed through runtime/cuda_context.h.
+// The header is CUDA-free: streams and handles cross it as opaque pointers;
+// code built with CUDA reaches them typed through runtime/cuda_context.h.
 #ifndef LOSSRT_RUNTIME_CONTEXT_H_
 #define LOSSRT_RUNTIME_CONTEXT_H_
 
@@ -26,10 +27,11 @@ namespace lossrt {
 class Context {
  public:
   // A context on `device` that creates and owns its stream.
-  static absl::StatusOr<std::unique_ptr<Context>> Create(Device device = DefaultDevice());
+  static absl::StatusOr<std::unique_ptr<Context>> Create(
+      Device device = DefaultDevice());
   // A context that runs its work on the caller's `cudaStream_t` (not owned).
-  static absl::StatusOr<std::unique_ptr<Context>> CreateWithStream(Device device,
-                                                                  void* cuda_stream);
+  static absl::StatusOr<std::unique_ptr<Context>> CreateWithStream(
+      Device device, void* cuda_stream);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -39,18 +41,22 @@ class Context {
 
   // The context's cudaStream_t (created on first use).
   absl::StatusOr<void*> stream();
-  // cublasHandle_t and cublasLtHandle_t bound to the stream (created on first use).
+  // cublasHandle_t and cublasLtHandle_t bound to the stream (created on first
+  // use).
   absl::StatusOr<void*> cublas_handle();
   absl::StatusOr<void*> cublaslt_handle();
   // The cuBLASLt workspace (created on first use) and its size.
   absl::StatusOr<void*> cublaslt_workspace();
   static constexpr int64_t kCublasLtWorkspaceBytes = 32 << 20;
 
-  // Scratch memory of at least `bytes` for ops; grows (allocates) only when a call needs
-  // more than any call before; ReserveWorkspace does that growth ahead of the hot path.
-  // Contents are undefined; valid until the next call on this context.
+  // Scratch memory of at least `bytes` for ops; grows (allocates) only when a
+  // call needs more than any call before; ReserveWorkspace does that growth
+  // ahead of the hot path. Contents are undefined; valid until the next call on
+  // this context.
   absl::StatusOr<void*> Workspace(int64_t bytes);
-  absl::Status ReserveWorkspace(int64_t bytes) { return Workspace(bytes).status(); }
+  absl::Status ReserveWorkspace(int64_t bytes) {
+    return Workspace(bytes).status();
+  }
   int64_t workspace_bytes() const { return workspace_.bytes(); }
 
   // Waits until all work queued on the context's stream is done.

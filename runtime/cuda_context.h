@@ -1,4 +1,5 @@
-// Typed access to a Context's CUDA objects for code built with the CUDA toolkit. Internal.
+// Typed access to a Context's CUDA objects for code built with the CUDA
+// toolkit. Internal.
 #ifndef LOSSRT_RUNTIME_CUDA_CONTEXT_H_
 #define LOSSRT_RUNTIME_CUDA_CONTEXT_H_
 

@@ -5,9 +5,11 @@
 
 namespace lossrt {
 
-absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line) {
-  std::string message = absl::StrCat(call, " failed: ", cudaGetErrorName(error), " (",
-                                     cudaGetErrorString(error), ") at ", file, ":", line);
+absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,
+                        int line) {
+  std::string message =
+      absl::StrCat(call, " failed: ", cudaGetErrorName(error), " (",
+                   cudaGetErrorString(error), ") at ", file, ":", line);
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -21,10 +23,11 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
   }
 }
 
-absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file,
-                          int line) {
-  std::string message = absl::StrCat(call, " failed: ", cublasGetStatusName(status), " (",
-                                     cublasGetStatusString(status), ") at ", file, ":", line);
+absl::Status CublasStatus(cublasStatus_t status, const char* call,
+                          const char* file, int line) {
+  std::string message =
+      absl::StrCat(call, " failed: ", cublasGetStatusName(status), " (",
+                   cublasGetStatusString(status), ") at ", file, ":", line);
   switch (status) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);

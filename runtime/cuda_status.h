@@ -1,5 +1,6 @@
-// Turns CUDA runtime and cuBLAS return codes into absl::Status naming the call, file and
-// line. Internal to the libraries: include only from code built with the CUDA toolkit.
+// Turns CUDA runtime and cuBLAS return codes into absl::Status naming the call,
+// file and line. Internal to the libraries: include only from code built with
+// the CUDA toolkit.
 #ifndef LOSSRT_RUNTIME_CUDA_STATUS_H_
 #define LOSSRT_RUNTIME_CUDA_STATUS_H_
 
@@ -11,27 +12,29 @@
 
 namespace lossrt {
 
-absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line);
-absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file,
-                          int line);
+absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,
+                        int line);
+absl::Status CublasStatus(cublasStatus_t status, const char* call,
+                          const char* file, int line);
 
 }  // namespace lossrt
 
-#define CUDA_RETURN_IF_ERROR(call)                                          \
-  do {                                                                      \
-    cudaError_t lossrt_cuda_error = (call);                                 \
-    if (lossrt_cuda_error != cudaSuccess) {                                 \
-      return ::lossrt::CudaStatus(lossrt_cuda_error, #call, __FILE__, __LINE__); \
-    }                                                                       \
+#define CUDA_RETURN_IF_ERROR(call)                                    \
+  do {                                                                \
+    cudaError_t lossrt_cuda_error = (call);                           \
+    if (lossrt_cuda_error != cudaSuccess) {                           \
+      return ::lossrt::CudaStatus(lossrt_cuda_error, #call, __FILE__, \
+                                  __LINE__);                          \
+    }                                                                 \
   } while (false)
 
-#define CUBLAS_RETURN_IF_ERROR(call)                                        \
-  do {                                                                      \
-    cublasStatus_t lossrt_cublas_status = (call);                           \
-    if (lossrt_cublas_status != CUBLAS_STATUS_SUCCESS) {                    \
-      return ::lossrt::CublasStatus(lossrt_cublas_status, #call, __FILE__,  \
-                                    __LINE__);                              \
-    }                                                                       \
+#define CUBLAS_RETURN_IF_ERROR(call)                                       \
+  do {                                                                     \
+    cublasStatus_t lossrt_cublas_status = (call);                          \
+    if (lossrt_cublas_status != CUBLAS_STATUS_SUCCESS) {                   \
+      return ::lossrt::CublasStatus(lossrt_cublas_status, #call, __FILE__, \
+                                    __LINE__);                             \
+    }                                                                      \
   } while (false)
 
 #endif  // LOSSRT_RUNTIME_CUDA_STATUS_H_

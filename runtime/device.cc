@@ -5,8 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -48,7 +48,8 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(const Device& device) {
     return info;
   }
   if (device.ordinal < 0 || device.ordinal >= CudaDeviceCount()) {
-    return absl::UnavailableError(absl::StrCat("no CUDA device ", device.ToString(), " (",
+    return absl::UnavailableError(absl::StrCat("no CUDA device ",
+                                               device.ToString(), " (",
                                                CudaDeviceCount(), " present)"));
   }
 #ifdef LOSSRT_WITH_CUDA
@@ -60,13 +61,14 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(const Device& device) {
   info.compute_capability_major = prop.major;
   info.compute_capability_minor = prop.minor;
   info.l2_cache_bytes = prop.l2CacheSize;
-  info.shared_memory_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  info.shared_memory_per_block_optin =
+      static_cast<int64_t>(prop.sharedMemPerBlockOptin);
   int value = 0;
-  CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&value, cudaDevAttrMemoryClockRate, device.ordinal));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &value, cudaDevAttrMemoryClockRate, device.ordinal));
   info.memory_clock_khz = value;
-  CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&value, cudaDevAttrGlobalMemoryBusWidth, device.ordinal));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &value, cudaDevAttrGlobalMemoryBusWidth, device.ordinal));
   info.memory_bus_width_bits = value;
   return info;
 #else
@@ -74,18 +76,23 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(const Device& device) {
 #endif
 }
 
-Device DefaultDevice() { return CudaDeviceCount() > 0 ? Device::Cuda(0) : Device::Cpu(); }
+Device DefaultDevice() {
+  return CudaDeviceCount() > 0 ? Device::Cuda(0) : Device::Cpu();
+}
 
 absl::StatusOr<Device> ParseDevice(absl::string_view text) {
   if (text == "auto") return DefaultDevice();
   if (text == "cpu") return Device::Cpu();
   if (text == "cuda") return Device::Cuda(0);
-  absl::string_view ordinal_text = text;  // `text` stays whole for the error message
+  absl::string_view ordinal_text =
+      text;  // `text` stays whole for the error message
   if (absl::ConsumePrefix(&ordinal_text, "cuda:")) {
     int ordinal = 0;
-    if (absl::SimpleAtoi(ordinal_text, &ordinal) && ordinal >= 0) return Device::Cuda(ordinal);
+    if (absl::SimpleAtoi(ordinal_text, &ordinal) && ordinal >= 0)
+      return Device::Cuda(ordinal);
   }
-  return InvalidArgument("device must be auto, cpu, cuda or cuda:N, got '", text, "'");
+  return InvalidArgument("device must be auto, cpu, cuda or cuda:N, got '",
+                         text, "'");
 }
 
 }  // namespace lossrt

@@ -1,7 +1,9 @@
-// Devices: the CPU or a CUDA GPU by ordinal, what the GPU is (name, SMs, memory, compute
-// capability, peak memory bandwidth from its clock and bus), and the default choice.
+// Devices: the CPU or a CUDA GPU by ordinal, what the GPU is (name, SMs,
+// memory, compute capability, peak memory bandwidth from its clock and bus),
+// and the default choice.
 //
-//   lossrt::Device device = lossrt::DefaultDevice();  // the first GPU if any, else the CPU
+//   lossrt::Device device = lossrt::DefaultDevice();  // the first GPU if any,
+//   else the CPU
 #ifndef LOSSRT_RUNTIME_DEVICE_H_
 #define LOSSRT_RUNTIME_DEVICE_H_
 
@@ -20,12 +22,15 @@ struct Device {
   int ordinal = 0;
 
   static Device Cpu() { return Device{DeviceKind::kCpu, 0}; }
-  static Device Cuda(int ordinal = 0) { return Device{DeviceKind::kCuda, ordinal}; }
+  static Device Cuda(int ordinal = 0) {
+    return Device{DeviceKind::kCuda, ordinal};
+  }
   bool is_cpu() const { return kind == DeviceKind::kCpu; }
   bool is_cuda() const { return kind == DeviceKind::kCuda; }
   std::string ToString() const;  // "cpu" or "cuda:N"
   bool operator==(const Device& other) const {
-    return kind == other.kind && (kind == DeviceKind::kCpu || ordinal == other.ordinal);
+    return kind == other.kind &&
+           (kind == DeviceKind::kCpu || ordinal == other.ordinal);
   }
   bool operator!=(const Device& other) const { return !(*this == other); }
 };
@@ -43,17 +48,20 @@ struct DeviceInfo {
 
   // 2 (double data rate) * clock * bus width: the peak the datasheet quotes.
   double PeakMemoryBandwidthBytesPerSecond() const {
-    return 2.0 * static_cast<double>(memory_clock_khz) * 1e3 * memory_bus_width_bits / 8.0;
+    return 2.0 * static_cast<double>(memory_clock_khz) * 1e3 *
+           memory_bus_width_bits / 8.0;
   }
 };
 
 // True when the library was built with the CUDA toolkit.
 bool BuiltWithCuda();
 
-// Number of usable CUDA devices (0 when built without CUDA or when no driver/GPU is present).
+// Number of usable CUDA devices (0 when built without CUDA or when no
+// driver/GPU is present).
 int CudaDeviceCount();
 
-// What a device is. The CPU gets a name and the hardware thread count as sm_count.
+// What a device is. The CPU gets a name and the hardware thread count as
+// sm_count.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(const Device& device);
 
 // The first GPU if one is present, else the CPU.

@@ -10,13 +10,17 @@ uint16_t FloatToF16Bits(float value) {
   std::memcpy(&bits, &value, 4);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (abs_bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow
+  if (abs_bits > 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs_bits >= 0x477ff000u)
+    return static_cast<uint16_t>(sign | 0x7c00u);  // overflow
   if (abs_bits < 0x38800000u) {
-    // Subnormal half (or zero): scale so that the half's last bit is the float's units.
+    // Subnormal half (or zero): scale so that the half's last bit is the
+    // float's units.
     float magnitude;
     std::memcpy(&magnitude, &abs_bits, 4);
-    const float scaled = std::nearbyint(magnitude * 16777216.0f);  // 2^24, ties to even
+    const float scaled =
+        std::nearbyint(magnitude * 16777216.0f);  // 2^24, ties to even
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(scaled));
   }
   uint32_t rounded = abs_bits + 0xfffu + ((abs_bits >> 13) & 1u);

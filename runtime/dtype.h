@@ -1,5 +1,5 @@
-// Element types of tensors, their sizes and names, and host conversions for the 16-bit
-// floating-point types (round to nearest even, as the GPU does).
+// Element types of tensors, their sizes and names, and host conversions for the
+// 16-bit floating-point types (round to nearest even, as the GPU does).
 #ifndef LOSSRT_RUNTIME_DTYPE_H_
 #define LOSSRT_RUNTIME_DTYPE_H_
 
@@ -44,15 +44,16 @@ constexpr const char* DTypeName(DType dtype) {
 }
 
 constexpr bool IsFloating(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
-         dtype == DType::kF64;
+  return dtype == DType::kF32 || dtype == DType::kBF16 ||
+         dtype == DType::kF16 || dtype == DType::kF64;
 }
 
 // bfloat16 bits from a float, rounding to nearest even; NaN stays NaN.
 inline uint16_t FloatToBf16Bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
 }
@@ -64,7 +65,8 @@ inline float Bf16BitsToFloat(uint16_t value) {
   return result;
 }
 
-// IEEE half bits from a float, rounding to nearest even (subnormals and overflow included).
+// IEEE half bits from a float, rounding to nearest even (subnormals and
+// overflow included).
 uint16_t FloatToF16Bits(float value);
 float F16BitsToFloat(uint16_t value);
 

@@ -10,8 +10,10 @@
 
 namespace lossrt {
 
-// Fills `count` contiguous elements of type `dtype` (a DType as int) on `stream`.
-cudaError_t LaunchFillRandom(void* data, int dtype, int64_t count, RandomParams params, cudaStream_t stream);
+// Fills `count` contiguous elements of type `dtype` (a DType as int) on
+// `stream`.
+cudaError_t LaunchFillRandom(void* data, int dtype, int64_t count,
+                             RandomParams params, cudaStream_t stream);
 
 }  // namespace lossrt
 

@@ -1,5 +1,6 @@
-// Makes a CUDA device current for a scope and restores the previous one after, so that
-// library calls never leave the caller's thread on another device. Internal.
+// Makes a CUDA device current for a scope and restores the previous one after,
+// so that library calls never leave the caller's thread on another device.
+// Internal.
 #ifndef LOSSRT_RUNTIME_SCOPED_DEVICE_H_
 #define LOSSRT_RUNTIME_SCOPED_DEVICE_H_
 

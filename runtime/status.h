@@ -1,5 +1,6 @@
-// Status helpers: RETURN_IF_ERROR and ASSIGN_OR_RETURN (Debian's Abseil 20220623 has
-// neither), and a constructor for InvalidArgument errors built from string pieces.
+// Status helpers: RETURN_IF_ERROR and ASSIGN_OR_RETURN (Debian's Abseil
+// 20220623 has neither), and a constructor for InvalidArgument errors built
+// from string pieces.
 #ifndef LOSSRT_RUNTIME_STATUS_H_
 #define LOSSRT_RUNTIME_STATUS_H_
 
@@ -18,7 +19,9 @@ absl::Status InvalidArgument(const Pieces&... pieces) {
 }
 
 namespace status_internal {
-inline const absl::Status& GetStatus(const absl::Status& status) { return status; }
+inline const absl::Status& GetStatus(const absl::Status& status) {
+  return status;
+}
 template <typename T>
 const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
   return status_or.status();
@@ -30,18 +33,21 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
 #define LOSSRT_CONCAT_INNER(a, b) a##b
 #define LOSSRT_CONCAT(a, b) LOSSRT_CONCAT_INNER(a, b)
 
-// Returns from the enclosing function if `expr` (a Status or StatusOr) is not OK.
-#define RETURN_IF_ERROR(expr)                                               \
-  do {                                                                      \
-    const auto& lossrt_status_or = (expr);                                  \
-    if (!lossrt_status_or.ok()) {                                           \
-      return ::lossrt::status_internal::GetStatus(lossrt_status_or);        \
-    }                                                                       \
+// Returns from the enclosing function if `expr` (a Status or StatusOr) is not
+// OK.
+#define RETURN_IF_ERROR(expr)                                        \
+  do {                                                               \
+    const auto& lossrt_status_or = (expr);                           \
+    if (!lossrt_status_or.ok()) {                                    \
+      return ::lossrt::status_internal::GetStatus(lossrt_status_or); \
+    }                                                                \
   } while (false)
 
-// `ASSIGN_OR_RETURN(auto x, MakeX());` declares x from an OK StatusOr, or returns its error.
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  LOSSRT_ASSIGN_OR_RETURN_IMPL(LOSSRT_CONCAT(lossrt_status_or_, __LINE__), lhs, expr)
+// `ASSIGN_OR_RETURN(auto x, MakeX());` declares x from an OK StatusOr, or
+// returns its error.
+#define ASSIGN_OR_RETURN(lhs, expr)                                        \
+  LOSSRT_ASSIGN_OR_RETURN_IMPL(LOSSRT_CONCAT(lossrt_status_or_, __LINE__), \
+                               lhs, expr)
 
 #define LOSSRT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
