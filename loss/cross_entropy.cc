@@ -250,17 +250,21 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
       ce::BackwardCpu(args);
       return absl::OkStatus();
     }
-    std::vector<float> row_loss;
+    // Per-token losses of a reduced call go to the context's workspace (no
+    // allocation once it has grown), as on the GPU.
+    float* row_loss = request.loss->data_as<float>();
     if (reduce) {
-      row_loss.resize(problem.tokens);
-      args.row_loss = row_loss.data();
-    } else {
-      args.row_loss = request.loss->data_as<float>();
+      ASSIGN_OR_RETURN(void* workspace,
+                       context.Workspace(CrossEntropyWorkspaceBytes(
+                           problem.tokens, problem.vocab)));
+      row_loss = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                          AlignUp(sizeof(ce::TargetStats)));
     }
+    args.row_loss = row_loss;
     ce::RowsCpu(args);
     if (reduce)
       request.loss->data_as<float>()[0] =
-          static_cast<float>(ce::SumRowsCpu(row_loss.data(), problem.tokens));
+          static_cast<float>(ce::SumRowsCpu(row_loss, problem.tokens));
     return absl::OkStatus();
   }
 
