@@ -22,6 +22,7 @@ namespace lossrt {
 namespace {
 
 constexpr int64_t kAlign = 256;
+constexpr int64_t kMaxVocab = (int64_t{1} << 30) - 1;
 
 int64_t AlignUp(int64_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
@@ -64,6 +65,11 @@ absl::StatusOr<Problem> CheckInputs(const Context& context,
   if (problem.tokens < 1 || problem.vocab < 1) {
     return InvalidArgument("logits: tokens and vocab must be >= 1, got ",
                            logits.ShapeString());
+  }
+  // The kernels index within a row in 32 bits (rows themselves in 64).
+  if (problem.vocab > kMaxVocab) {
+    return InvalidArgument("logits: vocab ", problem.vocab,
+                           " exceeds the supported ", kMaxVocab);
   }
   if (logits.row_stride != 0 && logits.row_stride < problem.vocab) {
     return InvalidArgument("logits: row_stride ", logits.row_stride,

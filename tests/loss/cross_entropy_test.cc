@@ -1549,6 +1549,29 @@ TEST_P(CrossEntropyTest, OutOfRangeI32TargetsAreRejected) {
   EXPECT_TRUE(AllPoison(p.dtype, h.grad_image(), "grad"));
 }
 
+// Rows are indexed in 32 bits inside the kernels: a longer vocabulary is
+// refused before anything is read (no memory stands behind these logits) or
+// written.
+TEST(CrossEntropyLimits, VocabularyPastTheKernelLimitIsRejected) {
+  absl::StatusOr<std::unique_ptr<Context>> context =
+      Context::Create(Device::Cpu());
+  ASSERT_TRUE(context.ok()) << context.status();
+  const int64_t vocab = int64_t{1} << 30;
+  alignas(16) static char unread[16];
+  int64_t target = 0;
+  float loss = std::numeric_limits<float>::quiet_NaN();
+  const Tensor logits =
+      Tensor::Of(unread, DType::kBF16, {1, vocab}, Device::Cpu());
+  const Tensor targets = Tensor::Of(&target, DType::kI64, {1}, Device::Cpu());
+  const Tensor loss_view = Tensor::Of(&loss, DType::kF32, {}, Device::Cpu());
+  const absl::Status status = CrossEntropyForward(
+      **context, logits, targets, CrossEntropyOptions(), loss_view);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("vocab"), std::string::npos)
+      << status;
+  EXPECT_TRUE(std::isnan(loss));
+}
+
 // The reference's gradient against a central finite difference of its own
 // objective, and the backend's f32 gradient against both, with every option on.
 TEST_P(CrossEntropyTest, GradientMatchesFiniteDifferences) {
