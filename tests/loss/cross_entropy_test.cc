@@ -57,6 +57,7 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/loss/tensor_image.h"
 
 namespace lossrt {
 namespace {
@@ -81,55 +82,16 @@ constexpr double kTwoUlpsF32 = 0x1p-22;
 // ---------------------------------------------------------------------------
 // Elements of host images (the raw bytes of a tensor's memory).
 
-using Bytes = std::vector<uint8_t>;
-
-// Quiet NaNs whose payloads no arithmetic on ordinary inputs produces.
-constexpr uint32_t kPoisonF32 = 0x7fedcba9u;
-constexpr uint16_t kPoisonBf16 = 0x7fedu;
-constexpr uint16_t kPoisonF16 = 0x7e5bu;
+using test::Bytes;
+using test::IsPoison;
+using test::Poison;
 
 float LoadFloat(DType dtype, const Bytes& image, int64_t index) {
-  if (dtype == DType::kF32) {
-    float value;
-    std::memcpy(&value, image.data() + 4 * index, 4);
-    return value;
-  }
-  uint16_t bits;
-  std::memcpy(&bits, image.data() + 2 * index, 2);
-  return dtype == DType::kBF16 ? Bf16BitsToFloat(bits) : F16BitsToFloat(bits);
+  return static_cast<float>(test::Load(dtype, image, index));
 }
 
 void StoreFloat(DType dtype, Bytes& image, int64_t index, float value) {
-  if (dtype == DType::kF32) {
-    std::memcpy(image.data() + 4 * index, &value, 4);
-    return;
-  }
-  const uint16_t bits =
-      dtype == DType::kBF16 ? FloatToBf16Bits(value) : FloatToF16Bits(value);
-  std::memcpy(image.data() + 2 * index, &bits, 2);
-}
-
-bool IsPoison(DType dtype, const Bytes& image, int64_t index) {
-  if (dtype == DType::kF32) {
-    uint32_t bits;
-    std::memcpy(&bits, image.data() + 4 * index, 4);
-    return bits == kPoisonF32;
-  }
-  uint16_t bits;
-  std::memcpy(&bits, image.data() + 2 * index, 2);
-  return bits == (dtype == DType::kBF16 ? kPoisonBf16 : kPoisonF16);
-}
-
-void Poison(DType dtype, Bytes& image) {
-  const int64_t size = DTypeSize(dtype);
-  for (size_t at = 0; at + size <= image.size(); at += size) {
-    if (dtype == DType::kF32) {
-      std::memcpy(image.data() + at, &kPoisonF32, 4);
-    } else {
-      std::memcpy(image.data() + at,
-                  dtype == DType::kBF16 ? &kPoisonBf16 : &kPoisonF16, 2);
-    }
-  }
+  test::Store(dtype, image, index, value);
 }
 
 float RoundTo(DType dtype, float value) {
