@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/cross_entropy_options.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -159,16 +160,7 @@ ce::RowArgs MakeRowArgs(const Tensor& logits, const Tensor& targets,
   args.vocab = problem.vocab;
   args.targets = targets.data;
   args.targets_i64 = targets.dtype == DType::kI64;
-  args.ignore_index = options.ignore_index;
-  args.label_smoothing = options.label_smoothing;
-  args.z_loss = options.z_loss;
-  args.softcap = options.softcap;
-  args.class_weights = options.class_weights.has_value()
-                           ? options.class_weights->data_as<const float>()
-                           : nullptr;
-  args.reduction = options.reduction == Reduction::kMean  ? ce::kMean
-                   : options.reduction == Reduction::kSum ? ce::kSum
-                                                          : ce::kNone;
+  ce::CopyOptions(options, &args);
   return args;
 }
 

@@ -14,6 +14,7 @@
 
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/cross_entropy_options.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/linear_cross_entropy_kernels.h"
 #include "runtime/dtype.h"
@@ -237,9 +238,6 @@ absl::Status CpuBackend::Begin() {
 
 void CpuBackend::CrossEntropy(const Block& block) {
   const Tensor& targets = problem_.inputs->targets;
-  const float* class_weights = ce_.class_weights.has_value()
-                                   ? ce_.class_weights->data_as<float>()
-                                   : nullptr;
   const int64_t row = block.row_begin;
   if (block.mode == CeMode::kSliceBackward) {
     SliceArgs args;
@@ -252,12 +250,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
     args.grad_type = static_cast<int>(operand_);
     args.targets = Targets(row);
     args.targets_i64 = targets.dtype == DType::kI64;
-    args.ignore_index = ce_.ignore_index;
-    args.label_smoothing = ce_.label_smoothing;
-    args.z_loss = ce_.z_loss;
-    args.softcap = ce_.softcap;
-    args.class_weights = class_weights;
-    args.reduction = static_cast<int>(ce_.reduction);
+    ce::CopyOptions(ce_, &args);
     args.stats = stats_;
     args.grad_loss = GradLoss(row);
     args.grad_loss_per_row = grad_loss_per_row_;
@@ -273,12 +266,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
   args.vocab = problem_.vocab;
   args.targets = Targets(row);
   args.targets_i64 = targets.dtype == DType::kI64;
-  args.ignore_index = ce_.ignore_index;
-  args.label_smoothing = ce_.label_smoothing;
-  args.z_loss = ce_.z_loss;
-  args.softcap = ce_.softcap;
-  args.class_weights = class_weights;
-  args.reduction = static_cast<int>(ce_.reduction);
+  ce::CopyOptions(ce_, &args);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row : nullptr;
   if (block.mode != CeMode::kBackward) {

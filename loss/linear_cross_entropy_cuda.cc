@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "loss/cross_entropy_cuda.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/cross_entropy_options.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/linear_cross_entropy_kernels.h"
 #include "runtime/cuda_context.h"
@@ -509,9 +510,6 @@ absl::Status CudaBackend::ComputeLogits(const Block& block, int64_t row_begin,
 absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
                                        int64_t row_end, cudaStream_t stream) {
   const Tensor& targets = problem_.inputs->targets;
-  const float* class_weights = ce_.class_weights.has_value()
-                                   ? ce_.class_weights->data_as<float>()
-                                   : nullptr;
   if (block.mode == CeMode::kSliceBackward) {
     SliceArgs args;
     args.logits = Logits(block, row_begin);
@@ -523,12 +521,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     args.grad_type = ElementType(operand_);
     args.targets = Targets(row_begin);
     args.targets_i64 = targets.dtype == DType::kI64;
-    args.ignore_index = ce_.ignore_index;
-    args.label_smoothing = ce_.label_smoothing;
-    args.z_loss = ce_.z_loss;
-    args.softcap = ce_.softcap;
-    args.class_weights = class_weights;
-    args.reduction = static_cast<int>(ce_.reduction);
+    ce::CopyOptions(ce_, &args);
     args.stats = stats_;
     args.grad_loss = GradLoss(row_begin);
     args.grad_loss_per_row = grad_loss_per_row_;
@@ -544,12 +537,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
   args.vocab = problem_.vocab;
   args.targets = Targets(row_begin);
   args.targets_i64 = targets.dtype == DType::kI64;
-  args.ignore_index = ce_.ignore_index;
-  args.label_smoothing = ce_.label_smoothing;
-  args.z_loss = ce_.z_loss;
-  args.softcap = ce_.softcap;
-  args.class_weights = class_weights;
-  args.reduction = static_cast<int>(ce_.reduction);
+  ce::CopyOptions(ce_, &args);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
   if (block.mode != CeMode::kBackward) {
