@@ -90,24 +90,6 @@ struct RawVec<2> {
   using Type = uint16_t;
 };
 
-template <typename T, int kW>
-__device__ __forceinline__ void LoadVec(const T* ptr, float (&out)[kW]) {
-  using Raw = typename RawVec<sizeof(T) * kW>::Type;
-  union {
-    Raw raw;
-    T elements[kW];
-  } data;
-  if constexpr (sizeof(Raw) == 16) {
-    // Streaming load: the logits are read once, keep them from evicting
-    // reusable lines.
-    data.raw = __ldcs(reinterpret_cast<const Raw*>(ptr));
-  } else {
-    data.raw = *reinterpret_cast<const Raw*>(ptr);
-  }
-#pragma unroll
-  for (int k = 0; k < kW; ++k) out[k] = ToFloat(data.elements[k]);
-}
-
 template <typename G, int kW>
 __device__ __forceinline__ void StoreVec(G* ptr, const float (&values)[kW]) {
   using Raw = typename RawVec<sizeof(G) * kW>::Type;
@@ -727,17 +709,20 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   }
 }
 
-// Pipelined backward for 16-byte aligned rows: each thread copies its 16-byte
-// pieces of the next rows into shared memory with cp.async (`stages` - 1 rows
-// ahead), so HBM stays busy while the current row's gradient is computed and
-// written. A thread only ever reads the pieces it copied itself, so a stage can
-// be refilled without a block barrier. RowArgs::tune_kernel values.
+// RowArgs::tune_kernel values: automatic, the register/cluster kernel (and the
+// streaming backward), the pipelined backward, the warp-per-row kernel.
 enum KernelChoice {
   kKernelAuto = 0,
   kKernelCluster = 1,
   kKernelPipelined = 2,
   kKernelWarp = 3
 };
+
+// Pipelined backward for 16-byte aligned rows: each thread copies its 16-byte
+// pieces of the next rows into shared memory with cp.async (`stages` - 1 rows
+// ahead), so HBM stays busy while the current row's gradient is computed and
+// written. A thread only ever reads the pieces it copied itself, so a stage can
+// be refilled without a block barrier.
 
 __device__ __forceinline__ void CpAsync16(void* shared_dst,
                                           const void* global_src,
