@@ -6,6 +6,7 @@
 
 #ifdef LOSSRT_WITH_CUDA
 #include "runtime/cuda_context.h"
+#include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
 #include "runtime/scoped_device.h"
 #endif
@@ -54,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
 }
 
 Context::~Context() {
+  gemm_runner_.reset();
   workspace_.Reset();
   cublaslt_workspace_.Reset();
 #ifdef LOSSRT_WITH_CUDA
@@ -124,6 +126,21 @@ absl::StatusOr<void*> Context::cublaslt_workspace() {
                      allocator_.Allocate(kCublasLtWorkspaceBytes));
   }
   return cublaslt_workspace_.data();
+}
+
+absl::StatusOr<void*> Context::gemm_runner() {
+  RETURN_IF_ERROR(RequireCuda(device_, "gemm_runner()"));
+#ifdef LOSSRT_WITH_CUDA
+  if (gemm_runner_ == nullptr) {
+    ASSIGN_OR_RETURN(void* handle, cublaslt_handle());
+    ASSIGN_OR_RETURN(void* workspace, cublaslt_workspace());
+    gemm_runner_ = std::unique_ptr<void, void (*)(void*)>(
+        new GemmRunner(static_cast<cublasLtHandle_t>(handle), workspace,
+                       kCublasLtWorkspaceBytes, CUBLAS_COMPUTE_32F),
+        [](void* runner) { delete static_cast<GemmRunner*>(runner); });
+  }
+#endif
+  return gemm_runner_.get();
 }
 
 absl::StatusOr<void*> Context::Workspace(int64_t bytes) {

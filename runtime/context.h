@@ -48,6 +48,9 @@ class Context {
   // The cuBLASLt workspace (created on first use) and its size.
   absl::StatusOr<void*> cublaslt_workspace();
   static constexpr int64_t kCublasLtWorkspaceBytes = 32 << 20;
+  // The context's cuBLASLt plan cache (a GemmRunner, runtime/cuda_gemm.h, on
+  // the cuBLASLt handle and workspace; created on first use).
+  absl::StatusOr<void*> gemm_runner();
 
   // Scratch memory of at least `bytes` for ops; grows (allocates) only when a
   // call needs more than any call before; ReserveWorkspace does that growth
@@ -72,6 +75,7 @@ class Context {
   void* cublas_ = nullptr;
   void* cublaslt_ = nullptr;
   Buffer cublaslt_workspace_;
+  std::unique_ptr<void, void (*)(void*)> gemm_runner_{nullptr, nullptr};
   Buffer workspace_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/context.h"
+#include "runtime/cuda_gemm.h"
 #include "runtime/status.h"
 
 namespace lossrt {
@@ -26,6 +27,13 @@ inline absl::StatusOr<cublasHandle_t> CublasHandleOf(Context& context) {
 inline absl::StatusOr<cublasLtHandle_t> CublasLtHandleOf(Context& context) {
   ASSIGN_OR_RETURN(void* handle, context.cublaslt_handle());
   return static_cast<cublasLtHandle_t>(handle);
+}
+
+// The context's cuBLASLt plan cache (fp32 accumulation), bound to its handle
+// and workspace; run its GEMMs on the context's stream.
+inline absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context) {
+  ASSIGN_OR_RETURN(void* runner, context.gemm_runner());
+  return static_cast<GemmRunner*>(runner);
 }
 
 }  // namespace lossrt

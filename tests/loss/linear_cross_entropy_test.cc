@@ -48,7 +48,7 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
-#include "tests/loss/tensor_image.h"
+#include "tests/tensor_image.h"
 
 namespace lossrt {
 namespace {

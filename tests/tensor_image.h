@@ -1,8 +1,8 @@
-// Host images of tensors for the loss tests: the raw bytes of a tensor's
+// Host images of tensors for the tests: the raw bytes of a tensor's
 // memory, element loads and stores in any dtype, and the NaN poison written
 // before a call so that the tests can tell which elements the call wrote.
-#ifndef LOSSRT_TESTS_LOSS_TENSOR_IMAGE_H_
-#define LOSSRT_TESTS_LOSS_TENSOR_IMAGE_H_
+#ifndef LOSSRT_TESTS_TENSOR_IMAGE_H_
+#define LOSSRT_TESTS_TENSOR_IMAGE_H_
 
 #include <cstdint>
 #include <cstring>
@@ -47,6 +47,11 @@ inline double Load(DType dtype, const Bytes& image, int64_t index) {
       std::memcpy(&value, image.data() + 8 * index, 8);
       return static_cast<double>(value);
     }
+    case DType::kF64: {
+      double value;
+      std::memcpy(&value, image.data() + 8 * index, 8);
+      return value;
+    }
     default:
       return std::numeric_limits<double>::quiet_NaN();
   }
@@ -78,6 +83,9 @@ inline void Store(DType dtype, Bytes& image, int64_t index, double value) {
       std::memcpy(image.data() + 8 * index, &wide, 8);
       break;
     }
+    case DType::kF64:
+      std::memcpy(image.data() + 8 * index, &value, 8);
+      break;
     default:
       break;
   }
@@ -85,6 +93,11 @@ inline void Store(DType dtype, Bytes& image, int64_t index, double value) {
 
 // Whether element `index` of a floating image still holds the poison.
 inline bool IsPoison(DType dtype, const Bytes& image, int64_t index) {
+  if (dtype == DType::kF64) {
+    uint32_t bits[2];
+    std::memcpy(bits, image.data() + 8 * index, 8);
+    return bits[0] == kPoisonF32 && bits[1] == kPoisonF32;
+  }
   if (dtype == DType::kF32) {
     uint32_t bits;
     std::memcpy(&bits, image.data() + 4 * index, 4);
@@ -115,4 +128,4 @@ inline void Poison(DType dtype, Bytes& image) {
 }  // namespace test
 }  // namespace lossrt
 
-#endif  // LOSSRT_TESTS_LOSS_TENSOR_IMAGE_H_
+#endif  // LOSSRT_TESTS_TENSOR_IMAGE_H_

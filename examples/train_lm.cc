@@ -1,0 +1,519 @@
+// train_lm: trains a small GPT-style language model end to end — reads a text
+// corpus (Debian's fortunes by default) or llm.c token shards, trains or loads
+// a byte-level BPE tokenizer, trains with AdamW and the fused linear
+// cross-entropy head, evaluates on a held-out split, writes safetensors
+// checkpoints that resume exactly, and samples text.
+//
+//   ./bazelw run -c opt //examples:train_lm                # the default run
+//   ./bazelw run -c opt //examples:train_lm -- --steps=2000 --device=cuda \
+//       --checkpoint_dir=/tmp/ckpt --metrics=/tmp/metrics.jsonl
+//   ./bazelw run -c opt //examples:train_lm -- --checkpoint_dir=/tmp/ckpt \
+//       --resume --steps=3000
+//
+// Model-size flags left at 0 pick a default that suits the device: a model
+// that trains in a few minutes on two CPU cores, or a larger one on a GPU.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "data/batcher.h"
+#include "data/bpe_tokenizer.h"
+#include "data/corpus.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "graph/gpt.h"
+#include "graph/sampling.h"
+#include "graph/trainer.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+
+ABSL_FLAG(std::string, data, lossrt::data::kDefaultCorpus,
+          "Training data: a text file, a folder of text files (fortune files "
+          "are recognized), or llm.c token shards (a .bin file or a glob "
+          "pattern ending in .bin).");
+ABSL_FLAG(std::string, tokenizer, "bpe",
+          "'bpe' (train a byte-level BPE on the data), 'byte', or the path of "
+          "a tokenizer file saved earlier. Ignored for token shards.");
+ABSL_FLAG(int32_t, vocab, 0,
+          "BPE vocabulary size to train (0: 4096 on the CPU, 8192 on a GPU).");
+ABSL_FLAG(int32_t, layers, 0, "Transformer blocks (0: device default).");
+ABSL_FLAG(int32_t, heads, 0, "Attention heads (0: device default).");
+ABSL_FLAG(int32_t, width, 0, "Model width (0: device default).");
+ABSL_FLAG(int32_t, context, 0,
+          "Sequence length trained on, and the model's context (0: device "
+          "default).");
+ABSL_FLAG(std::string, norm, "layernorm", "layernorm or rmsnorm.");
+ABSL_FLAG(std::string, mlp, "gelu", "gelu or swiglu.");
+ABSL_FLAG(bool, tied, true, "Tie the head to the token embedding.");
+ABSL_FLAG(std::string, head, "fused",
+          "fused (linear cross-entropy, no logits) or unfused (full logits + "
+          "cross-entropy).");
+ABSL_FLAG(int32_t, batch, 0, "Sequences per micro-batch (0: device default).");
+ABSL_FLAG(int32_t, micro_batches, 1, "Micro-batches per optimizer step.");
+ABSL_FLAG(int32_t, steps, 0, "Optimizer steps in all (0: device default).");
+ABSL_FLAG(double, lr, 0, "Peak learning rate (0: device default).");
+ABSL_FLAG(double, min_lr_ratio, 0.1, "Final learning rate / peak.");
+ABSL_FLAG(int32_t, warmup, -1, "Warm-up steps (-1: 5% of the steps).");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay.");
+ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip (0: off).");
+ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
+ABSL_FLAG(std::string, dtype, "auto",
+          "Activations: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.");
+ABSL_FLAG(uint64_t, seed, 1337, "Seed of the initialization and batches.");
+ABSL_FLAG(double, val_fraction, 0.05, "Share of the tokens held out.");
+ABSL_FLAG(int32_t, eval_interval, 0,
+          "Steps between validation losses (0: 10 evaluations a run).");
+ABSL_FLAG(int32_t, eval_batches, 8, "Validation batches per evaluation.");
+ABSL_FLAG(int32_t, log_interval, 0, "Steps between progress lines (0: auto).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Folder for checkpoints (empty: none are written).");
+ABSL_FLAG(int32_t, checkpoint_interval, 0,
+          "Steps between checkpoints (0: only at the end).");
+ABSL_FLAG(bool, resume, false,
+          "Continue from the latest checkpoint in --checkpoint_dir.");
+ABSL_FLAG(int32_t, sample_length, 200, "Tokens sampled at the end (0: none).");
+ABSL_FLAG(int32_t, sample_interval, 0, "Steps between samples (0: end only).");
+ABSL_FLAG(double, temperature, 0.8, "Sampling temperature (0: greedy).");
+ABSL_FLAG(int32_t, top_k, 40, "Sample from the k likeliest tokens (0: all).");
+ABSL_FLAG(std::string, prompt, "\n", "Text the samples start from.");
+ABSL_FLAG(std::string, metrics, "",
+          "Write JSON lines {step, loss, val_loss, tokens_per_s} here.");
+
+namespace lossrt {
+namespace {
+
+namespace fs = std::filesystem;
+using graph::Gpt;
+using graph::GptConfig;
+using graph::Trainer;
+
+constexpr char kTokenizerFile[] = "tokenizer.txt";
+
+// Sizes that differ between a CPU run (minutes on two cores) and a GPU run.
+struct RunDefaults {
+  int layers, heads, width, context, batch, steps, vocab;
+  double lr;
+};
+
+RunDefaults DefaultsFor(const Device& device) {
+  if (device.is_cuda()) return {6, 6, 384, 256, 64, 2000, 8192, 1e-3};
+  return {4, 4, 128, 64, 16, 300, 4096, 2e-3};
+}
+
+int Pick(int flag, int fallback) { return flag > 0 ? flag : fallback; }
+
+std::string HumanDuration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+std::string HumanBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) {
+    return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
+  }
+  return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+}
+
+std::string Printable(const std::string& text) {
+  return absl::StrReplaceAll(text, {{"\t", "    "}});
+}
+
+absl::StatusOr<Device> ChooseDevice(const std::string& flag) {
+  if (flag == "auto") return DefaultDevice();
+  return ParseDevice(flag);
+}
+
+bool IsShardData(const std::string& path) {
+  return absl::EndsWith(path, ".bin");
+}
+
+// The tokenizer: from a resumed checkpoint, a saved file, bytes, or trained
+// on the text.
+absl::StatusOr<std::unique_ptr<data::Tokenizer>> MakeTokenizer(
+    const std::string& text, int vocab, const std::string& resume_folder) {
+  const std::string choice = absl::GetFlag(FLAGS_tokenizer);
+  if (!resume_folder.empty() &&
+      fs::exists(fs::path(resume_folder) / kTokenizerFile)) {
+    return data::LoadTokenizer(
+        (fs::path(resume_folder) / kTokenizerFile).string());
+  }
+  if (choice == "byte") return std::make_unique<data::ByteTokenizer>();
+  if (choice != "bpe") return data::LoadTokenizer(choice);
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(data::BpeTokenizer bpe,
+                   data::BpeTokenizer::Train(text, vocab));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::printf("tokenizer: trained a byte-level BPE of %d tokens in %.1f s\n",
+              bpe.vocab_size(), seconds);
+  return std::unique_ptr<data::Tokenizer>(
+      std::make_unique<data::BpeTokenizer>(std::move(bpe)));
+}
+
+absl::Status WriteMetricsLine(std::ofstream& out, int64_t step, float loss,
+                              std::optional<float> val_loss,
+                              double tokens_per_s) {
+  out << absl::StrFormat(
+      "{\"step\": %d, \"loss\": %.6f, \"val_loss\": %s, \"tokens_per_s\": "
+      "%.1f}\n",
+      step, loss,
+      val_loss ? absl::StrFormat("%.6f", *val_loss) : std::string("null"),
+      tokens_per_s);
+  out.flush();
+  if (!out) return absl::InternalError("writing the metrics file failed");
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  ASSIGN_OR_RETURN(const Device device,
+                   ChooseDevice(absl::GetFlag(FLAGS_device)));
+  const RunDefaults defaults = DefaultsFor(device);
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
+
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  std::string resume_folder;
+  if (absl::GetFlag(FLAGS_resume)) {
+    if (checkpoint_dir.empty()) {
+      return InvalidArgument("--resume needs --checkpoint_dir");
+    }
+    ASSIGN_OR_RETURN(resume_folder, graph::LatestCheckpoint(checkpoint_dir));
+  }
+
+  // ---- Data and tokenizer ----
+  const std::string data_path = absl::GetFlag(FLAGS_data);
+  std::vector<int32_t> tokens;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  int vocab = 0;
+  if (IsShardData(data_path)) {
+    ASSIGN_OR_RETURN(tokens, data::ReadTokenShards(data_path));
+    vocab = 1 + *std::max_element(tokens.begin(), tokens.end());
+    std::printf("data: %s, %zu tokens from llm.c shards\n", data_path.c_str(),
+                tokens.size());
+  } else {
+    ASSIGN_OR_RETURN(const std::string text, data::ReadTextCorpus(data_path));
+    std::printf("data: %s, %s of text\n", data_path.c_str(),
+                HumanBytes(text.size()).c_str());
+    ASSIGN_OR_RETURN(
+        tokenizer,
+        MakeTokenizer(text, Pick(absl::GetFlag(FLAGS_vocab), defaults.vocab),
+                      resume_folder));
+    tokens = tokenizer->Encode(text);
+    vocab = tokenizer->vocab_size();
+    std::printf(
+        "tokens: %zu (%.2f bytes per token, %s tokenizer of %d)\n",
+        tokens.size(),
+        static_cast<double>(text.size()) / std::max<size_t>(1, tokens.size()),
+        std::string(tokenizer->kind()).c_str(), vocab);
+  }
+
+  // ---- Model ----
+  GptConfig config;
+  const bool resuming = !resume_folder.empty();
+  if (resuming) {
+    ASSIGN_OR_RETURN(config, graph::ReadCheckpointConfig(resume_folder));
+  } else {
+    config.layers = Pick(absl::GetFlag(FLAGS_layers), defaults.layers);
+    config.heads = Pick(absl::GetFlag(FLAGS_heads), defaults.heads);
+    config.width = Pick(absl::GetFlag(FLAGS_width), defaults.width);
+    config.context = Pick(absl::GetFlag(FLAGS_context), defaults.context);
+    // A multiple of 64 keeps the head's GEMMs on fast paths; the extra rows
+    // are never targets.
+    config.vocab = (vocab + 63) / 64 * 64;
+    config.norm = absl::GetFlag(FLAGS_norm) == "rmsnorm"
+                      ? graph::NormKind::kRmsNorm
+                      : graph::NormKind::kLayerNorm;
+    config.mlp = absl::GetFlag(FLAGS_mlp) == "swiglu" ? graph::MlpKind::kSwiGlu
+                                                      : graph::MlpKind::kGelu;
+    config.tied_head = absl::GetFlag(FLAGS_tied);
+  }
+  if (config.vocab < vocab) {
+    return InvalidArgument("the checkpoint's vocabulary (", config.vocab,
+                           ") is smaller than the data's (", vocab, ")");
+  }
+  const int seq = static_cast<int>(config.context);
+  const int batch = Pick(absl::GetFlag(FLAGS_batch), defaults.batch);
+  const int micro = std::max(1, absl::GetFlag(FLAGS_micro_batches));
+  const int steps = Pick(absl::GetFlag(FLAGS_steps), defaults.steps);
+  std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
+  if (dtype_flag == "auto") dtype_flag = device.is_cuda() ? "bf16" : "f32";
+  if (dtype_flag != "f32" && dtype_flag != "bf16") {
+    return InvalidArgument("--dtype must be auto, f32 or bf16");
+  }
+  const DType dtype = dtype_flag == "bf16" ? DType::kBF16 : DType::kF32;
+  const std::string head_flag = absl::GetFlag(FLAGS_head);
+  if (head_flag != "fused" && head_flag != "unfused") {
+    return InvalidArgument("--head must be fused or unfused");
+  }
+  LinearCrossEntropyOptions head_options;
+  // The data is checked on the host (Graph::SetInput): no read-back per step.
+  head_options.cross_entropy.validate_targets = false;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Gpt> model,
+      Gpt::Create(*context, config, {batch, seq}, dtype,
+                  head_flag == "fused" ? graph::GptHead::kFusedLoss
+                                       : graph::GptHead::kUnfusedLoss,
+                  head_options));
+  std::printf(
+      "model: %s\n  %.2fM parameters, %s activations, %s head, on "
+      "%s%s\n",
+      graph::DescribeGptConfig(config).c_str(), model->parameter_count() / 1e6,
+      DTypeName(dtype), head_flag.c_str(), device.ToString().c_str(),
+      device.is_cuda() && absl::GetFlag(FLAGS_layers) == 0
+          ? " (the GPU default: larger than the CPU's)"
+          : "");
+
+  // ---- Optimizer ----
+  graph::TrainerOptions options;
+  options.micro_batches = micro;
+  options.adamw.weight_decay =
+      static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  options.adamw.max_grad_norm =
+      static_cast<float>(absl::GetFlag(FLAGS_grad_clip));
+  const double lr =
+      absl::GetFlag(FLAGS_lr) > 0 ? absl::GetFlag(FLAGS_lr) : defaults.lr;
+  options.schedule.max_lr = static_cast<float>(lr);
+  options.schedule.min_lr =
+      static_cast<float>(lr * absl::GetFlag(FLAGS_min_lr_ratio));
+  options.schedule.total_steps = steps;
+  options.schedule.warmup_steps = absl::GetFlag(FLAGS_warmup) >= 0
+                                      ? absl::GetFlag(FLAGS_warmup)
+                                      : std::max(1, steps / 20);
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(*model, options));
+
+  // ---- Batches ----
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  ASSIGN_OR_RETURN(
+      data::TokenDataset dataset,
+      data::TokenDataset::Create(std::move(tokens),
+                                 absl::GetFlag(FLAGS_val_fraction), seq));
+  ASSIGN_OR_RETURN(data::Batcher train_batches,
+                   data::Batcher::Create(dataset.train, batch, seq, seed));
+  std::optional<data::EvalBatcher> val_batches;
+  if (!dataset.val.empty()) {
+    ASSIGN_OR_RETURN(val_batches, data::EvalBatcher::Create(
+                                      dataset.val, batch, seq,
+                                      absl::GetFlag(FLAGS_eval_batches)));
+  }
+  std::printf("split: %zu training tokens, %zu validation tokens\n",
+              dataset.train.size(), dataset.val.size());
+
+  if (resuming) {
+    ASSIGN_OR_RETURN(auto extra, trainer->Load(resume_folder));
+    int64_t position = 0;
+    if (!absl::SimpleAtoi(extra["data_position"], &position)) {
+      return absl::DataLossError("checkpoint lacks data_position");
+    }
+    RETURN_IF_ERROR(train_batches.set_position(position));
+    std::printf("resumed from %s at step %d\n", resume_folder.c_str(),
+                static_cast<int>(trainer->step()));
+  } else {
+    RETURN_IF_ERROR(model->Initialize(seed));
+    if (!checkpoint_dir.empty() && tokenizer != nullptr) {
+      std::error_code error;
+      fs::create_directories(checkpoint_dir, error);
+    }
+  }
+
+  // The sampling model: one sequence, f32 logits, the same device.
+  std::unique_ptr<Gpt> sampler;
+  const int sample_length = absl::GetFlag(FLAGS_sample_length);
+  if (sample_length > 0 && tokenizer != nullptr) {
+    ASSIGN_OR_RETURN(sampler,
+                     Gpt::Create(*context, config, {1, seq}, DType::kF32,
+                                 graph::GptHead::kLogits));
+  }
+  auto sample = [&](int64_t step) -> absl::Status {
+    if (sampler == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(sampler->CopyParametersFrom(*model));
+    std::vector<int32_t> prompt =
+        tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
+    if (prompt.empty()) prompt.push_back(0);
+    graph::SamplingOptions sampling;
+    sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+    sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    sampling.seed = seed + static_cast<uint64_t>(step);
+    ASSIGN_OR_RETURN(std::vector<int32_t> generated,
+                     graph::Sample(*sampler, prompt, sample_length, sampling));
+    for (int32_t& id : generated) id = std::min(id, vocab - 1);
+    ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(generated));
+    std::printf(
+        "---- sample at step %d (temperature %.2f, top-k %d) ----\n%s%s\n"
+        "----\n",
+        static_cast<int>(step), sampling.temperature,
+        static_cast<int>(sampling.top_k),
+        Printable(absl::GetFlag(FLAGS_prompt)).c_str(),
+        Printable(text).c_str());
+    return absl::OkStatus();
+  };
+
+  auto evaluate = [&]() -> absl::StatusOr<std::optional<float>> {
+    if (!val_batches) return std::optional<float>();
+    std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
+    double sum = 0;
+    for (int64_t k = 0; k < val_batches->num_batches(); ++k) {
+      RETURN_IF_ERROR(val_batches->Fill(k, absl::MakeSpan(inputs),
+                                        absl::MakeSpan(targets)));
+      ASSIGN_OR_RETURN(float loss, trainer->Evaluate(inputs, targets));
+      sum += loss;
+    }
+    return std::optional<float>(
+        static_cast<float>(sum / val_batches->num_batches()));
+  };
+
+  auto save = [&]() -> absl::Status {
+    if (checkpoint_dir.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(
+        std::string folder,
+        trainer->Save(checkpoint_dir, {{"data_position",
+                                        absl::StrCat(train_batches.position())},
+                                       {"seed", absl::StrCat(seed)}}));
+    if (tokenizer != nullptr) {
+      RETURN_IF_ERROR(
+          tokenizer->Save((fs::path(folder) / kTokenizerFile).string()));
+    }
+    std::printf("checkpoint: %s\n", folder.c_str());
+    return absl::OkStatus();
+  };
+
+  std::ofstream metrics;
+  if (!absl::GetFlag(FLAGS_metrics).empty()) {
+    metrics.open(absl::GetFlag(FLAGS_metrics),
+                 resuming ? std::ios::app : std::ios::trunc);
+    if (!metrics) {
+      return InvalidArgument("cannot write --metrics=",
+                             absl::GetFlag(FLAGS_metrics));
+    }
+  }
+
+  // ---- Training ----
+  const int eval_interval =
+      Pick(absl::GetFlag(FLAGS_eval_interval), std::max(1, steps / 10));
+  const int log_interval =
+      Pick(absl::GetFlag(FLAGS_log_interval), std::max(1, steps / 30));
+  const int checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  const int sample_interval = absl::GetFlag(FLAGS_sample_interval);
+  const int64_t tokens_per_step = int64_t{batch} * seq * micro;
+  std::printf(
+      "training: %d steps of %d x %d x %d tokens, lr %.2g (warm-up "
+      "%d, cosine to %.2g)\n",
+      steps, micro, batch, seq, lr,
+      static_cast<int>(options.schedule.warmup_steps), options.schedule.min_lr);
+  std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
+  std::optional<float> first_val, last_val;
+  if (!resuming) {
+    ASSIGN_OR_RETURN(first_val, evaluate());
+    if (first_val) std::printf("step 0: val loss %.4f\n", *first_val);
+  }
+  const auto run_start = std::chrono::steady_clock::now();
+  auto interval_start = run_start;
+  int64_t interval_tokens = 0;
+  float last_loss = 0;
+  const int64_t first_step = trainer->step() + 1;
+  for (int64_t step = first_step; step <= steps; ++step) {
+    for (int k = 0; k < micro; ++k) {
+      const int64_t offset = int64_t{k} * batch * seq;
+      RETURN_IF_ERROR(train_batches.Next(
+          absl::MakeSpan(inputs).subspan(offset, int64_t{batch} * seq),
+          absl::MakeSpan(targets).subspan(offset, int64_t{batch} * seq)));
+    }
+    ASSIGN_OR_RETURN(Trainer::StepStats stats, trainer->Step(inputs, targets));
+    last_loss = stats.loss;
+    interval_tokens += tokens_per_step;
+    if (!std::isfinite(stats.loss)) {
+      return absl::InternalError(absl::StrCat("the loss diverged at step ",
+                                              step, " (", stats.loss,
+                                              "); try a lower --lr"));
+    }
+    std::optional<float> val;
+    if (step % eval_interval == 0 || step == steps) {
+      ASSIGN_OR_RETURN(val, evaluate());
+      if (val) last_val = val;
+    }
+    const bool log = step % log_interval == 0 || step == steps || val;
+    if (log || metrics.is_open()) {
+      const auto now = std::chrono::steady_clock::now();
+      const double interval_s =
+          std::chrono::duration<double>(now - interval_start).count();
+      const double tokens_per_s = interval_tokens / std::max(interval_s, 1e-9);
+      const double elapsed =
+          std::chrono::duration<double>(now - run_start).count();
+      const double eta = elapsed / (step - first_step + 1) * (steps - step);
+      if (metrics.is_open() && (log || val)) {
+        RETURN_IF_ERROR(
+            WriteMetricsLine(metrics, step, stats.loss, val, tokens_per_s));
+      }
+      if (log) {
+        std::printf(
+            "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
+            "%.1fK tok/s | ETA %s | mem %s\n",
+            static_cast<int>(step), steps, stats.loss,
+            val ? absl::StrFormat("%.4f", *val).c_str() : "   -  ", stats.lr,
+            stats.grad_norm, tokens_per_s / 1e3, HumanDuration(eta).c_str(),
+            HumanBytes(context->allocator().peak_bytes()).c_str());
+        std::fflush(stdout);
+        interval_start = now;
+        interval_tokens = 0;
+      }
+    }
+    if (checkpoint_interval > 0 && step % checkpoint_interval == 0 &&
+        step != steps) {
+      RETURN_IF_ERROR(save());
+    }
+    if (sample_interval > 0 && step % sample_interval == 0 && step != steps) {
+      RETURN_IF_ERROR(sample(step));
+    }
+  }
+  const double total_s = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - run_start)
+                             .count();
+  RETURN_IF_ERROR(save());
+  RETURN_IF_ERROR(sample(steps));
+  std::printf(
+      "done: %d steps in %s (%.1fK tokens/s), final train loss %.4f, val loss "
+      "%s%s, peak memory %s\n",
+      steps - static_cast<int>(first_step) + 1, HumanDuration(total_s).c_str(),
+      (steps - first_step + 1) * tokens_per_step / std::max(total_s, 1e-9) /
+          1e3,
+      last_loss, last_val ? absl::StrFormat("%.4f", *last_val).c_str() : "-",
+      first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val).c_str()
+                : "",
+      HumanBytes(context->allocator().peak_bytes()).c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace lossrt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a small GPT on a text corpus and samples from it. See the flags "
+      "with --helpfull.");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = lossrt::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "train_lm: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

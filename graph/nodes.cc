@@ -1,0 +1,328 @@
+// Node types of the graph: thin adapters from NodeRun's tensors to the ops.
+#include "graph/nodes.h"
+
+#include <cstring>
+#include <string>
+
+#include "graph/ops/activation.h"
+#include "graph/ops/attention.h"
+#include "graph/ops/elementwise.h"
+#include "graph/ops/embedding.h"
+#include "graph/ops/linear.h"
+#include "graph/ops/norm.h"
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace graph {
+namespace {
+
+// An activation input without a gradient where the op always produces one.
+absl::Status NeedsGrad(const char* node, const Tensor* grad) {
+  if (grad != nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat(node, ": the backward needs the gradient of its input"));
+}
+
+class EmbeddingNode final : public Node {
+ public:
+  EmbeddingNode(int64_t seq, bool with_positions)
+      : seq_(seq), with_positions_(with_positions) {}
+  const char* type() const override { return "Embedding"; }
+  // inputs: ids, token_table[, position_table]
+  absl::Status Forward(NodeRun& run, bool) override {
+    const Tensor positions = with_positions_ ? run.input(2) : Tensor();
+    return ops::EmbeddingForward(run.context(), run.input(0), run.input(1),
+                                 with_positions_ ? &positions : nullptr, seq_,
+                                 run.output(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* d_table = run.input_grad(1);
+    const Tensor* d_positions = with_positions_ ? run.input_grad(2) : nullptr;
+    RETURN_IF_ERROR(NeedsGrad("Embedding", d_table));
+    return ops::EmbeddingBackward(run.context(), run.input(0),
+                                  run.output_grad(0), seq_, *d_table,
+                                  d_positions);
+  }
+
+ private:
+  int64_t seq_;
+  bool with_positions_;
+};
+
+class LinearNode final : public Node {
+ public:
+  LinearNode(bool with_bias, int64_t rows, int64_t out)
+      : with_bias_(with_bias), rows_(rows), out_(out) {}
+  const char* type() const override { return "Linear"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    return with_bias_ ? ops::LinearBackwardWorkspaceBytes(device, rows_, out_)
+                      : 0;
+  }
+  // inputs: x, weight[, bias]
+  absl::Status Forward(NodeRun& run, bool) override {
+    const Tensor bias = with_bias_ ? run.input(2) : Tensor();
+    return ops::LinearForward(run.context(), run.input(0), run.input(1),
+                              with_bias_ ? &bias : nullptr, run.output(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* d_weight = run.input_grad(1);
+    RETURN_IF_ERROR(NeedsGrad("Linear", d_weight));
+    return ops::LinearBackward(run.context(), run.input(0), run.input(1),
+                               run.output_grad(0), run.input_grad(0),
+                               run.accumulate(0), *d_weight,
+                               with_bias_ ? run.input_grad(2) : nullptr);
+  }
+
+ private:
+  bool with_bias_;
+  int64_t rows_, out_;
+};
+
+class LayerNormNode final : public Node {
+ public:
+  LayerNormNode(float eps, bool with_beta, int64_t rows, int64_t cols)
+      : eps_(eps), with_beta_(with_beta), rows_(rows), cols_(cols) {}
+  const char* type() const override { return "LayerNorm"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    return ops::NormBackwardWorkspaceBytes(device, rows_, cols_);
+  }
+  // inputs: x, gamma[, beta]; aux: mean, rstd
+  absl::Status Forward(NodeRun& run, bool) override {
+    const Tensor beta = with_beta_ ? run.input(2) : Tensor();
+    return ops::LayerNormForward(run.context(), run.input(0), run.input(1),
+                                 with_beta_ ? &beta : nullptr, eps_,
+                                 run.output(0), run.aux(0), run.aux(1));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* dx = run.input_grad(0);
+    const Tensor* d_gamma = run.input_grad(1);
+    RETURN_IF_ERROR(NeedsGrad("LayerNorm", dx));
+    RETURN_IF_ERROR(NeedsGrad("LayerNorm", d_gamma));
+    return ops::LayerNormBackward(run.context(), run.input(0), run.input(1),
+                                  run.aux(0), run.aux(1), run.output_grad(0),
+                                  *dx, run.accumulate(0), *d_gamma,
+                                  with_beta_ ? run.input_grad(2) : nullptr);
+  }
+
+ private:
+  float eps_;
+  bool with_beta_;
+  int64_t rows_, cols_;
+};
+
+class RmsNormNode final : public Node {
+ public:
+  RmsNormNode(float eps, int64_t rows, int64_t cols)
+      : eps_(eps), rows_(rows), cols_(cols) {}
+  const char* type() const override { return "RmsNorm"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    return ops::NormBackwardWorkspaceBytes(device, rows_, cols_);
+  }
+  // inputs: x, gamma; aux: rstd
+  absl::Status Forward(NodeRun& run, bool) override {
+    return ops::RmsNormForward(run.context(), run.input(0), run.input(1), eps_,
+                               run.output(0), run.aux(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* dx = run.input_grad(0);
+    const Tensor* d_gamma = run.input_grad(1);
+    RETURN_IF_ERROR(NeedsGrad("RmsNorm", dx));
+    RETURN_IF_ERROR(NeedsGrad("RmsNorm", d_gamma));
+    return ops::RmsNormBackward(run.context(), run.input(0), run.input(1),
+                                run.aux(0), run.output_grad(0), *dx,
+                                run.accumulate(0), *d_gamma);
+  }
+
+ private:
+  float eps_;
+  int64_t rows_, cols_;
+};
+
+// GELU and SwiGLU: y = f(x), dx from x and dy.
+class ActivationNode final : public Node {
+ public:
+  explicit ActivationNode(bool swiglu) : swiglu_(swiglu) {}
+  const char* type() const override { return swiglu_ ? "SwiGlu" : "Gelu"; }
+  absl::Status Forward(NodeRun& run, bool) override {
+    return swiglu_
+               ? ops::SwiGluForward(run.context(), run.input(0), run.output(0))
+               : ops::GeluForward(run.context(), run.input(0), run.output(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* dx = run.input_grad(0);
+    RETURN_IF_ERROR(NeedsGrad(type(), dx));
+    return swiglu_
+               ? ops::SwiGluBackward(run.context(), run.input(0),
+                                     run.output_grad(0), *dx, run.accumulate(0))
+               : ops::GeluBackward(run.context(), run.input(0),
+                                   run.output_grad(0), *dx, run.accumulate(0));
+  }
+
+ private:
+  bool swiglu_;
+};
+
+class AddNode final : public Node {
+ public:
+  const char* type() const override { return "Add"; }
+  absl::Status Forward(NodeRun& run, bool) override {
+    return ops::Add(run.context(), run.input(0), run.input(1), run.output(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor dy = run.output_grad(0);
+    for (int i = 0; i < 2; ++i) {
+      const Tensor* dx = run.input_grad(i);
+      if (dx == nullptr) continue;
+      RETURN_IF_ERROR(
+          ops::AccumulateInto(run.context(), dy, *dx, run.accumulate(i)));
+    }
+    return absl::OkStatus();
+  }
+};
+
+class AttentionNode final : public Node {
+ public:
+  AttentionNode(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                DType dtype)
+      : batch_(batch),
+        seq_(seq),
+        heads_(heads),
+        head_dim_(head_dim),
+        dtype_(dtype) {}
+  const char* type() const override { return "CausalAttention"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    return ops::CausalAttentionWorkspaceBytes(device, dtype_, batch_, seq_,
+                                              heads_, head_dim_);
+  }
+  // inputs: qkv; aux: lse
+  absl::Status Forward(NodeRun& run, bool) override {
+    return ops::CausalAttentionForward(run.context(), run.input(0), batch_,
+                                       seq_, heads_, run.output(0), run.aux(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* d_qkv = run.input_grad(0);
+    RETURN_IF_ERROR(NeedsGrad("CausalAttention", d_qkv));
+    return ops::CausalAttentionBackward(
+        run.context(), run.input(0), run.output(0), run.aux(0),
+        run.output_grad(0), batch_, seq_, heads_, *d_qkv, run.accumulate(0));
+  }
+
+ private:
+  int64_t batch_, seq_, heads_, head_dim_;
+  DType dtype_;
+};
+
+class LinearCrossEntropyNode final : public Node {
+ public:
+  LinearCrossEntropyNode(const LinearCrossEntropyOptions& options,
+                         bool with_bias)
+      : options_(options), with_bias_(with_bias) {}
+  const char* type() const override { return "LinearCrossEntropy"; }
+  // inputs: hidden, weight[, bias], targets; aux: d_hidden, d_weight[, d_bias]
+  absl::Status Forward(NodeRun& run, bool training) override {
+    const int targets = with_bias_ ? 3 : 2;
+    LinearCrossEntropyInputs in{run.input(0), run.input(1), std::nullopt,
+                                run.input(targets)};
+    if (with_bias_) in.bias = run.input(2);
+    if (!training) {
+      return LinearCrossEntropyForward(run.context(), in, options_,
+                                       run.output(0));
+    }
+    // The training forward computes the gradients while the logits chunks
+    // are on chip; Backward() only hands them on.
+    LinearCrossEntropyGradients gradients{run.aux(0), run.aux(1), std::nullopt};
+    if (with_bias_) gradients.d_bias = run.aux(2);
+    const Tensor scale = run.loss_scale();
+    return LinearCrossEntropyForwardBackward(
+        run.context(), in, options_, run.output(0), nullptr, gradients, &scale);
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const int parts = with_bias_ ? 3 : 2;
+    for (int i = 0; i < parts; ++i) {
+      const Tensor* grad = run.input_grad(i);
+      if (grad == nullptr) continue;
+      RETURN_IF_ERROR(ops::AccumulateInto(run.context(), run.aux(i), *grad,
+                                          run.accumulate(i)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  LinearCrossEntropyOptions options_;
+  bool with_bias_;
+};
+
+class CrossEntropyNode final : public Node {
+ public:
+  CrossEntropyNode(const CrossEntropyOptions& options, int64_t rows,
+                   int64_t vocab)
+      : options_(options),
+        workspace_(CrossEntropyWorkspaceBytes(rows, vocab)) {}
+  const char* type() const override { return "CrossEntropy"; }
+  int64_t WorkspaceBytes(const Device&) const override { return workspace_; }
+  // inputs: logits, targets; aux: lse
+  absl::Status Forward(NodeRun& run, bool) override {
+    const Tensor lse = run.aux(0);
+    return CrossEntropyForward(run.context(), run.input(0), run.input(1),
+                               options_, run.output(0), &lse);
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* grad = run.input_grad(0);
+    if (grad == nullptr) return absl::OkStatus();
+    if (run.accumulate(0)) {
+      return absl::UnimplementedError(
+          "CrossEntropy: logits consumed elsewhere too (their gradient "
+          "would have to accumulate)");
+    }
+    return CrossEntropyBackward(run.context(), run.input(0), run.input(1),
+                                run.aux(0), run.loss_scale(), options_, *grad);
+  }
+
+ private:
+  CrossEntropyOptions options_;
+  int64_t workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions) {
+  return std::make_unique<EmbeddingNode>(seq, with_positions);
+}
+std::unique_ptr<Node> MakeLinearNode(bool with_bias, int64_t rows,
+                                     int64_t out) {
+  return std::make_unique<LinearNode>(with_bias, rows, out);
+}
+std::unique_ptr<Node> MakeLayerNormNode(float eps, bool with_beta, int64_t rows,
+                                        int64_t cols) {
+  return std::make_unique<LayerNormNode>(eps, with_beta, rows, cols);
+}
+std::unique_ptr<Node> MakeRmsNormNode(float eps, int64_t rows, int64_t cols) {
+  return std::make_unique<RmsNormNode>(eps, rows, cols);
+}
+std::unique_ptr<Node> MakeGeluNode() {
+  return std::make_unique<ActivationNode>(false);
+}
+std::unique_ptr<Node> MakeSwiGluNode() {
+  return std::make_unique<ActivationNode>(true);
+}
+std::unique_ptr<Node> MakeAddNode() { return std::make_unique<AddNode>(); }
+std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
+                                        int64_t heads, int64_t head_dim,
+                                        DType dtype) {
+  return std::make_unique<AttentionNode>(batch, seq, heads, head_dim, dtype);
+}
+std::unique_ptr<Node> MakeLinearCrossEntropyNode(
+    const LinearCrossEntropyOptions& options, bool with_bias) {
+  return std::make_unique<LinearCrossEntropyNode>(options, with_bias);
+}
+std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
+                                           int64_t rows, int64_t vocab) {
+  return std::make_unique<CrossEntropyNode>(options, rows, vocab);
+}
+
+bool BackwardReadsOutput(const Node& node) {
+  return std::strcmp(node.type(), "CausalAttention") == 0;
+}
+
+}  // namespace graph
+}  // namespace lossrt

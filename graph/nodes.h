@@ -1,0 +1,44 @@
+// The graph's node types, one per op of graph/ops (internal to //graph): each
+// wraps an op's forward and backward, naming its saved tensors.
+#ifndef LOSSRT_GRAPH_NODES_H_
+#define LOSSRT_GRAPH_NODES_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "graph/graph.h"
+#include "loss/cross_entropy.h"
+#include "loss/linear_cross_entropy.h"
+
+namespace lossrt {
+namespace graph {
+
+std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions);
+// x [rows, in] -> [rows, out].
+std::unique_ptr<Node> MakeLinearNode(bool with_bias, int64_t rows, int64_t out);
+// aux: [mean,] rstd, [rows] in the accumulator dtype.
+std::unique_ptr<Node> MakeLayerNormNode(float eps, bool with_beta, int64_t rows,
+                                        int64_t cols);
+std::unique_ptr<Node> MakeRmsNormNode(float eps, int64_t rows, int64_t cols);
+std::unique_ptr<Node> MakeGeluNode();
+std::unique_ptr<Node> MakeSwiGluNode();
+std::unique_ptr<Node> MakeAddNode();
+// aux: lse [batch, heads, seq].
+std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
+                                        int64_t heads, int64_t head_dim,
+                                        DType dtype);
+// aux: d_hidden [rows, C], d_weight [V, C] (and d_bias [V]) computed by the
+// training forward.
+std::unique_ptr<Node> MakeLinearCrossEntropyNode(
+    const LinearCrossEntropyOptions& options, bool with_bias);
+// aux: lse [rows].
+std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
+                                           int64_t rows, int64_t vocab);
+
+// Whether a node's backward reads its own output (the plan keeps it alive).
+bool BackwardReadsOutput(const Node& node);
+
+}  // namespace graph
+}  // namespace lossrt
+
+#endif  // LOSSRT_GRAPH_NODES_H_

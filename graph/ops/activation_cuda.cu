@@ -1,0 +1,320 @@
+// CUDA kernels of GELU and SwiGLU: each thread handles eight consecutive
+// elements (of the output, for SwiGLU), read and written as whole 16-byte
+// vectors when the tensors are 16-byte aligned (and, for SwiGLU, the width a
+// multiple of eight, so that no chunk straddles a row); scalar accesses
+// otherwise. Memory-bound: one read of each input, one write of the output.
+// Arithmetic is fp32 with accurate tanhf/expf (their cost hides under the
+// memory traffic).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "graph/ops/activation_cuda.h"
+
+namespace lossrt {
+namespace ops {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Elements per thread: one 16-byte vector of bf16, two of f32.
+constexpr int kChunk = 8;
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+__device__ __forceinline__ float ToFloat(float value) { return value; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+
+// Elements [i, i + kChunk) of p below n as floats (0 past n). `vec`: p is
+// 16-byte aligned and i a multiple of kChunk, so a full chunk is read as whole
+// 16-byte vectors.
+template <typename T>
+__device__ __forceinline__ void LoadChunk(const T* p, int64_t i, int64_t n,
+                                          bool vec, float (&v)[kChunk]) {
+  if (vec && i + kChunk <= n) {
+    constexpr int kWords = sizeof(T) * kChunk / 16;
+    uint4 raw[kWords];
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      raw[w] = reinterpret_cast<const uint4*>(p + i)[w];
+    }
+    const T* elements = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) v[k] = ToFloat(elements[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      v[k] = i + k < n ? ToFloat(p[i + k]) : 0.0f;
+    }
+  }
+}
+
+// Stores the elements of v below n at p[i...], rounded to T.
+template <typename T>
+__device__ __forceinline__ void StoreChunk(T* p, int64_t i, int64_t n, bool vec,
+                                           const float (&v)[kChunk]) {
+  if (vec && i + kChunk <= n) {
+    constexpr int kWords = sizeof(T) * kChunk / 16;
+    uint4 raw[kWords];
+    T* elements = reinterpret_cast<T*>(raw);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) elements[k] = FromFloat<T>(v[k]);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      reinterpret_cast<uint4*>(p + i)[w] = raw[w];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (i + k < n) p[i + k] = FromFloat<T>(v[k]);
+    }
+  }
+}
+
+__device__ __forceinline__ float Gelu(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// d/dx of Gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2).
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float x2 = x * x;
+  const float t = tanhf(kSqrt2OverPi * (x + kGeluCoeff * x * x2));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi *
+                                 (1.0f + 3.0f * kGeluCoeff * x2);
+}
+
+// 1 / (1 + exp(-g)): 0 for g -> -inf (exp overflows to inf), 1 for g -> inf.
+__device__ __forceinline__ float Sigmoid(float g) {
+  return 1.0f / (1.0f + expf(-g));
+}
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks for one thread per chunk of n elements (n <= 2^31 - 1).
+unsigned Blocks(int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  return static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
+}
+
+// The first element of the calling thread's chunk.
+__device__ __forceinline__ int64_t ThreadChunk() {
+  return (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kChunk;
+}
+
+// No __restrict__ in these kernels: outputs may be inputs (each element is
+// read before it is written, by the same thread).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    GeluForwardKernel(const T* x, T* y, int64_t n, bool vec) {
+  const int64_t i = ThreadChunk();
+  if (i >= n) return;
+  float v[kChunk];
+  LoadChunk(x, i, n, vec, v);
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) v[k] = Gelu(v[k]);
+  StoreChunk(y, i, n, vec, v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    GeluBackwardKernel(const T* x, const T* dy, T* dx, int64_t n,
+                       bool accumulate, bool vec) {
+  const int64_t i = ThreadChunk();
+  if (i >= n) return;
+  float xv[kChunk];
+  float g[kChunk];
+  LoadChunk(x, i, n, vec, xv);
+  LoadChunk(dy, i, n, vec, g);
+  float old[kChunk];
+  if (accumulate) LoadChunk(dx, i, n, vec, old);
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    g[k] *= GeluGrad(xv[k]);
+    if (accumulate) g[k] = old[k] + g[k];
+  }
+  StoreChunk(dx, i, n, vec, g);
+}
+
+// Gate and up values of output elements [i, i + kChunk) of a [rows, width]
+// output from x [rows, 2 width]. `vec`: width % kChunk == 0 and x aligned, so
+// the chunk lies in one row and both halves are whole aligned vectors.
+template <typename T>
+__device__ __forceinline__ void LoadGateUp(const T* x, int64_t i, int64_t n,
+                                           int64_t width, bool vec,
+                                           float (&gate)[kChunk],
+                                           float (&up)[kChunk]) {
+  if (vec) {
+    const int64_t row = i / width;
+    const T* gate_row = x + row * 2 * width + (i - row * width);
+    LoadChunk(gate_row, 0, kChunk, true, gate);
+    LoadChunk(gate_row + width, 0, kChunk, true, up);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const int64_t j = i + k;
+    gate[k] = up[k] = 0.0f;
+    if (j < n) {
+      const int64_t row = j / width;
+      const int64_t at = row * 2 * width + (j - row * width);
+      gate[k] = ToFloat(x[at]);
+      up[k] = ToFloat(x[at + width]);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreGateUp(T* dx, int64_t i, int64_t n,
+                                            int64_t width, bool vec,
+                                            const float (&gate)[kChunk],
+                                            const float (&up)[kChunk]) {
+  if (vec) {
+    const int64_t row = i / width;
+    T* gate_row = dx + row * 2 * width + (i - row * width);
+    StoreChunk(gate_row, 0, kChunk, true, gate);
+    StoreChunk(gate_row + width, 0, kChunk, true, up);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const int64_t j = i + k;
+    if (j < n) {
+      const int64_t row = j / width;
+      const int64_t at = row * 2 * width + (j - row * width);
+      dx[at] = FromFloat<T>(gate[k]);
+      dx[at + width] = FromFloat<T>(up[k]);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluForwardKernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                        int64_t width, bool vec) {
+  const int64_t i = ThreadChunk();
+  if (i >= n) return;
+  float gate[kChunk];
+  float up[kChunk];
+  LoadGateUp(x, i, n, width, vec, gate, up);
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    gate[k] = gate[k] * Sigmoid(gate[k]) * up[k];
+  }
+  StoreChunk(y, i, n, vec, gate);
+}
+
+// d gate = dy up s (1 + g (1 - s)), d up = dy g s, with s = sigmoid(g).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluBackwardKernel(const T* x, const T* __restrict__ dy, T* dx, int64_t n,
+                         int64_t width, bool accumulate, bool vec) {
+  const int64_t i = ThreadChunk();
+  if (i >= n) return;
+  float gate[kChunk];
+  float up[kChunk];
+  float grad[kChunk];
+  LoadGateUp(x, i, n, width, vec, gate, up);
+  LoadChunk(dy, i, n, vec, grad);
+  float old_gate[kChunk];
+  float old_up[kChunk];
+  if (accumulate) LoadGateUp<T>(dx, i, n, width, vec, old_gate, old_up);
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const float s = Sigmoid(gate[k]);
+    const float d_gate = grad[k] * up[k] * s * (1.0f + gate[k] * (1.0f - s));
+    const float d_up = grad[k] * gate[k] * s;
+    gate[k] = accumulate ? old_gate[k] + d_gate : d_gate;
+    up[k] = accumulate ? old_up[k] + d_up : d_up;
+  }
+  StoreGateUp(dx, i, n, width, vec, gate, up);
+}
+
+}  // namespace
+
+cudaError_t LaunchGeluForward(const void* x, void* y, int64_t n, bool bf16,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vec = Aligned(x) && Aligned(y);
+  if (bf16) {
+    GeluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), n,
+        vec);
+  } else {
+    GeluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<float*>(y), n, vec);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGeluBackward(const void* x, const void* dy, void* dx,
+                               int64_t n, bool accumulate, bool bf16,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vec = Aligned(x) && Aligned(dy) && Aligned(dx);
+  if (bf16) {
+    GeluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x),
+        static_cast<const __nv_bfloat16*>(dy), static_cast<__nv_bfloat16*>(dx),
+        n, accumulate, vec);
+  } else {
+    GeluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<const float*>(dy),
+        static_cast<float*>(dx), n, accumulate, vec);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwiGluForward(const void* x, void* y, int64_t rows,
+                                int64_t width, bool bf16, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n == 0) return cudaSuccess;
+  const bool vec = width % kChunk == 0 && Aligned(x) && Aligned(y);
+  if (bf16) {
+    SwiGluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), n,
+        width, vec);
+  } else {
+    SwiGluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<float*>(y), n, width, vec);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwiGluBackward(const void* x, const void* dy, void* dx,
+                                 int64_t rows, int64_t width, bool accumulate,
+                                 bool bf16, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n == 0) return cudaSuccess;
+  const bool vec =
+      width % kChunk == 0 && Aligned(x) && Aligned(dy) && Aligned(dx);
+  if (bf16) {
+    SwiGluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x),
+        static_cast<const __nv_bfloat16*>(dy), static_cast<__nv_bfloat16*>(dx),
+        n, width, accumulate, vec);
+  } else {
+    SwiGluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<const float*>(dy),
+        static_cast<float*>(dx), n, width, accumulate, vec);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace ops
+}  // namespace lossrt

@@ -1,0 +1,720 @@
+// The causal attention op: argument checks (all before anything is written),
+// the CPU implementation (Eigen products per (batch, head) and block of 64
+// queries, which only reads the keys the block can see), and the GPU dispatch
+// to the flash kernels or to cuBLAS strided-batched GEMMs around softmax
+// kernels.
+#include "graph/ops/attention.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "absl/status/statusor.h"
+#include "graph/ops/op_checks.h"
+#include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "graph/ops/attention_cuda.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#include "runtime/scoped_device.h"
+#endif
+
+namespace lossrt {
+namespace ops {
+namespace {
+
+constexpr int64_t kAlign = 256;
+// The GPU kernels take head_dim % 8 == 0 up to this.
+constexpr int64_t kMaxGpuHeadDim = 128;
+#ifdef LOSSRT_WITH_CUDA
+static_assert(kMaxGpuHeadDim == attention::kMaxGpuHeadDim,
+              "the op's checks and the kernels disagree");
+#endif
+// Queries per CPU block: the score block [kCpuBlock, seq] is the CPU's scratch.
+constexpr int64_t kCpuBlock = 64;
+
+int64_t AlignUp(int64_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+struct Dims {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t channels = 0;  // C = heads * head_dim
+
+  int64_t rows() const { return batch * seq; }
+  int64_t groups() const { return batch * heads; }  // (batch, head) pairs
+};
+
+// The sizes from the arguments and qkv's shape (head_dim = width / 3 heads).
+absl::StatusOr<Dims> CheckDims(const Tensor& qkv, int64_t batch, int64_t seq,
+                               int64_t heads) {
+  if (batch < 1 || seq < 1 || heads < 1) {
+    return InvalidArgument(
+        "attention: batch, seq and heads must be >= 1, got batch ", batch,
+        ", seq ", seq, ", heads ", heads);
+  }
+  if (batch > kMaxElements || seq > kMaxElements || heads > kMaxElements ||
+      batch * seq > kMaxElements) {
+    return InvalidArgument("attention: batch ", batch, " x seq ", seq,
+                           " exceeds the ops' limit of ", kMaxElements,
+                           " rows");
+  }
+  if (qkv.rank() != 2) {
+    return InvalidArgument(
+        "qkv: expected [batch * seq, 3 * heads * head_dim], got ",
+        qkv.ShapeString());
+  }
+  if (qkv.dim(0) != batch * seq) {
+    return InvalidArgument("qkv: ", qkv.dim(0),
+                           " rows, expected batch * seq = ", batch, " * ", seq,
+                           " = ", batch * seq);
+  }
+  const int64_t width = qkv.dim(1);
+  if (width < 1 || width % (3 * heads) != 0) {
+    return InvalidArgument("qkv: width ", width,
+                           " is not 3 * heads * head_dim with heads = ", heads,
+                           " (", qkv.ShapeString(), ")");
+  }
+  Dims dims;
+  dims.batch = batch;
+  dims.seq = seq;
+  dims.heads = heads;
+  dims.head_dim = width / (3 * heads);
+  dims.channels = width / 3;
+  return dims;
+}
+
+absl::Status CheckOptions(const CausalAttentionOptions& options) {
+  if (options.cublas_chunk_bytes < 1) {
+    return InvalidArgument("attention: cublas_chunk_bytes must be >= 1, got ",
+                           options.cublas_chunk_bytes);
+  }
+  switch (options.kernel) {
+    case AttentionKernel::kAuto:
+    case AttentionKernel::kCublas:
+    case AttentionKernel::kFlash:
+      return absl::OkStatus();
+  }
+  return InvalidArgument("attention: unknown kernel ",
+                         static_cast<int>(options.kernel));
+}
+
+// Where two tensors' byte ranges overlap.
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (a.data == nullptr || b.data == nullptr) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
+}
+
+absl::Status CheckNoOverlap(const Tensor& output, const char* name,
+                            std::initializer_list<const Tensor*> others) {
+  for (const Tensor* other : others) {
+    if (Overlaps(output, *other)) {
+      return InvalidArgument(name, " overlaps another argument of the call");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// qkv, out and lse as the forward takes them (the backward's inputs too).
+absl::StatusOr<Dims> CheckQkvOutLse(const Context& context, const Tensor& qkv,
+                                    int64_t batch, int64_t seq, int64_t heads,
+                                    const Tensor& out, const Tensor& lse) {
+  ASSIGN_OR_RETURN(Dims dims, CheckDims(qkv, batch, seq, heads));
+  RETURN_IF_ERROR(CheckActivationDType(context, qkv.dtype, "qkv"));
+  RETURN_IF_ERROR(CheckTensor(context, qkv, {dims.rows(), 3 * dims.channels},
+                              {qkv.dtype}, "qkv"));
+  if (context.device().is_cuda() &&
+      (dims.head_dim % 8 != 0 || dims.head_dim > kMaxGpuHeadDim)) {
+    return InvalidArgument("attention: head_dim ", dims.head_dim,
+                           " is not supported on ", context.device().ToString(),
+                           " (a multiple of 8 up to ", kMaxGpuHeadDim, ")");
+  }
+  RETURN_IF_ERROR(CheckTensor(context, out, {dims.rows(), dims.channels},
+                              {qkv.dtype}, "out"));
+  RETURN_IF_ERROR(CheckTensor(context, lse, {batch, heads, seq},
+                              {AccumulatorDType(qkv.dtype)}, "lse"));
+  return dims;
+}
+
+int64_t CpuWorkspaceBytes(DType dtype, int64_t seq) {
+  const int64_t size = DTypeSize(dtype);
+  // The backward's probabilities and their gradient, [kCpuBlock, seq] each
+  // (the forward takes the first).
+  return 2 * AlignUp(kCpuBlock * seq * size);
+}
+
+// ---------------------------------------------------------------------------
+// CPU.
+
+template <typename T>
+using RowMajor =
+    Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// A [rows, cols] view with row stride `ld` (a head's slice of qkv, out, ...).
+template <typename T>
+using View = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <typename T>
+using ConstView =
+    Eigen::Map<const RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <typename T>
+void ForwardCpu(const Dims& d, const T* qkv, T* out, T* lse, T* scratch) {
+  const int64_t ld = 3 * d.channels;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d.head_dim));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const T* q = qkv + b * d.seq * ld + h * d.head_dim;
+      const T* k = q + d.channels;
+      const T* v = q + 2 * d.channels;
+      T* o = out + b * d.seq * d.channels + h * d.head_dim;
+      T* group_lse = lse + (b * d.heads + h) * d.seq;
+      for (int64_t q0 = 0; q0 < d.seq; q0 += kCpuBlock) {
+        const int64_t nq = std::min(kCpuBlock, d.seq - q0);
+        const int64_t nk = q0 + nq;  // the keys the block's queries can see
+        ConstView<T> queries(q + q0 * ld, nq, d.head_dim,
+                             Eigen::OuterStride<>(ld));  // [nq, D]
+        ConstView<T> keys(k, nk, d.head_dim,
+                          Eigen::OuterStride<>(ld));  // [nk, D]
+        ConstView<T> values(v, nk, d.head_dim,
+                            Eigen::OuterStride<>(ld));   // [nk, D]
+        Eigen::Map<RowMajor<T>> probs(scratch, nq, nk);  // [nq, nk]
+        probs.noalias() = scale * (queries * keys.transpose());
+        for (int64_t r = 0; r < nq; ++r) {
+          const int64_t visible = q0 + r + 1;  // keys 0..q0 + r
+          auto row = probs.row(r);
+          const T max = row.head(visible).maxCoeff();
+          T sum = 0;
+          for (int64_t j = 0; j < visible; ++j) {
+            row(j) = std::exp(row(j) - max);
+            sum += row(j);
+          }
+          row.head(visible) /= sum;
+          row.tail(nk - visible).setZero();
+          group_lse[q0 + r] = max + std::log(sum);
+        }
+        View<T> block_out(o + q0 * d.channels, nq, d.head_dim,
+                          Eigen::OuterStride<>(d.channels));  // [nq, D]
+        block_out.noalias() = probs * values;
+      }
+    }
+  }
+}
+
+template <typename T>
+void BackwardCpu(const Dims& d, const T* qkv, const T* out, const T* lse,
+                 const T* d_out, T* d_qkv, bool accumulate, T* scratch) {
+  const int64_t ld = 3 * d.channels;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d.head_dim));
+  T* probs_data = scratch;
+  T* dprobs_data = scratch + AlignUp(kCpuBlock * d.seq * sizeof(T)) / sizeof(T);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t qkv_offset = b * d.seq * ld + h * d.head_dim;
+      const int64_t out_offset = b * d.seq * d.channels + h * d.head_dim;
+      const T* q = qkv + qkv_offset;
+      const T* k = q + d.channels;
+      const T* v = q + 2 * d.channels;
+      T* dq = d_qkv + qkv_offset;
+      const T* group_lse = lse + (b * d.heads + h) * d.seq;
+      // dK and dV gather contributions from every query block.
+      View<T> dk_all(dq + d.channels, d.seq, d.head_dim,
+                     Eigen::OuterStride<>(ld));  // [seq, D]
+      View<T> dv_all(dq + 2 * d.channels, d.seq, d.head_dim,
+                     Eigen::OuterStride<>(ld));  // [seq, D]
+      if (!accumulate) {
+        dk_all.setZero();
+        dv_all.setZero();
+      }
+      for (int64_t q0 = 0; q0 < d.seq; q0 += kCpuBlock) {
+        const int64_t nq = std::min(kCpuBlock, d.seq - q0);
+        const int64_t nk = q0 + nq;
+        const Eigen::OuterStride<> qkv_stride(ld);
+        const Eigen::OuterStride<> out_stride(d.channels);
+        ConstView<T> queries(q + q0 * ld, nq, d.head_dim, qkv_stride);
+        ConstView<T> keys(k, nk, d.head_dim, qkv_stride);
+        ConstView<T> values(v, nk, d.head_dim, qkv_stride);
+        ConstView<T> outs(out + out_offset + q0 * d.channels, nq, d.head_dim,
+                          out_stride);  // [nq, D]
+        ConstView<T> douts(d_out + out_offset + q0 * d.channels, nq, d.head_dim,
+                           out_stride);                       // [nq, D]
+        Eigen::Map<RowMajor<T>> probs(probs_data, nq, nk);    // [nq, nk]
+        Eigen::Map<RowMajor<T>> dprobs(dprobs_data, nq, nk);  // [nq, nk]
+        // P from the saved lse, 0 above the diagonal.
+        probs.noalias() = scale * (queries * keys.transpose());
+        for (int64_t r = 0; r < nq; ++r) {
+          const int64_t visible = q0 + r + 1;
+          const T row_lse = group_lse[q0 + r];
+          for (int64_t j = 0; j < visible; ++j) {
+            probs(r, j) = std::exp(probs(r, j) - row_lse);
+          }
+          probs.row(r).tail(nk - visible).setZero();
+        }
+        // dS = P * (dP - rowsum(dO * O)), with dP = dO V^T (in place).
+        dprobs.noalias() = douts * values.transpose();
+        for (int64_t r = 0; r < nq; ++r) {
+          const T delta = douts.row(r).dot(outs.row(r));
+          dprobs.row(r).array() =
+              probs.row(r).array() * (dprobs.row(r).array() - delta);
+        }
+        View<T> dq_block(dq + q0 * ld, nq, d.head_dim, qkv_stride);
+        if (accumulate) {
+          dq_block.noalias() += scale * (dprobs * keys);
+        } else {
+          dq_block.noalias() = scale * (dprobs * keys);
+        }
+        dk_all.topRows(nk).noalias() += scale * (dprobs.transpose() * queries);
+        dv_all.topRows(nk).noalias() += probs.transpose() * douts;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// GPU.
+
+bool UseFlash(const CausalAttentionOptions& options, DType dtype,
+              bool aligned) {
+  switch (options.kernel) {
+    case AttentionKernel::kFlash:
+      return true;
+    case AttentionKernel::kCublas:
+      return false;
+    case AttentionKernel::kAuto:
+      break;
+  }
+  return dtype == DType::kBF16 && aligned;
+}
+
+// The cuBLAS path's chunking: `chunk` (batch, head) pairs at a time, each
+// with [seq, ld] score buffers (ld = seq rounded up to 8 elements, so that
+// every row of a bf16 buffer starts 16-byte aligned).
+struct CublasPlan {
+  int64_t ld = 0;
+  int64_t matrix = 0;  // elements of one pair's [seq, ld] buffer
+  int64_t chunk = 0;
+  int64_t delta_bytes = 0;     // backward: delta [batch, heads, seq] floats
+  int64_t buffer_f32 = 0;      // bytes of one chunk buffer of floats
+  int64_t buffer_act = 0;      // ... of activations
+  int64_t forward_bytes = 0;   // scores (f32) + probs
+  int64_t backward_bytes = 0;  // delta + scores, dprobs (f32) + probs, dscores
+};
+
+CublasPlan MakeCublasPlan(const Dims& d, DType dtype, int64_t budget) {
+  const int64_t act = DTypeSize(dtype);
+  CublasPlan plan;
+  plan.ld = (d.seq + 7) / 8 * 8;
+  plan.matrix = d.seq * plan.ld;
+  // The backward's buffers are the larger: size the chunk by them.
+  const int64_t pair_bytes = plan.matrix * (2 * 4 + 2 * act);
+  plan.chunk = std::max<int64_t>(1, std::min(d.groups(), budget / pair_bytes));
+  plan.delta_bytes = AlignUp(d.groups() * d.seq * 4);
+  plan.buffer_f32 = AlignUp(plan.chunk * plan.matrix * 4);
+  plan.buffer_act = AlignUp(plan.chunk * plan.matrix * act);
+  plan.forward_bytes = plan.buffer_f32 + plan.buffer_act;
+  plan.backward_bytes =
+      plan.delta_bytes + 2 * plan.buffer_f32 + 2 * plan.buffer_act;
+  return plan;
+}
+
+#ifdef LOSSRT_WITH_CUDA
+
+bool Aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+// A GEMM operand: data, leading dimension and stride between batch items.
+struct Operand {
+  const void* data;
+  cudaDataType type;
+  int64_t ld;
+  int64_t stride;
+};
+
+// C = alpha op(A) op(B) + beta C for `count` items (column-major, cuBLAS's
+// convention), fp32 compute. beta = 0 never reads C.
+absl::Status Gemm(cublasHandle_t handle, cublasOperation_t op_a,
+                  cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+                  float alpha, const Operand& a, const Operand& b, float beta,
+                  void* c, cudaDataType c_type, int64_t ldc, int64_t stride_c,
+                  int64_t count) {
+  CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+      handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n),
+      static_cast<int>(k), &alpha, a.data, a.type, static_cast<int>(a.ld),
+      a.stride, b.data, b.type, static_cast<int>(b.ld), b.stride, &beta, c,
+      c_type, static_cast<int>(ldc), stride_c, static_cast<int>(count),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+// Calls fn(b, h0, count, local) for each run of consecutive pairs [g, g +
+// count) of the chunk [g0, g1) within one batch element b (heads h0.., at
+// position `local` of the chunk): heads are strided evenly inside a row of qkv,
+// batch elements are not, so one strided-batched GEMM covers one run.
+template <typename Fn>
+absl::Status ForEachRun(const Dims& d, int64_t g0, int64_t g1, Fn fn) {
+  for (int64_t g = g0; g < g1;) {
+    const int64_t b = g / d.heads;
+    const int64_t h0 = g % d.heads;
+    const int64_t count = std::min(d.heads - h0, g1 - g);
+    RETURN_IF_ERROR(fn(b, h0, count, g - g0));
+    g += count;
+  }
+  return absl::OkStatus();
+}
+
+const char* At(const void* base, int64_t elements, int64_t size) {
+  return static_cast<const char*>(base) + elements * size;
+}
+char* At(void* base, int64_t elements, int64_t size) {
+  return static_cast<char*>(base) + elements * size;
+}
+
+// Pointers of run (b, h0): Q of head h0 at row b * seq (K and V follow at +C,
+// +2C), its rows in out-shaped tensors.
+struct RunOffsets {
+  int64_t qkv;
+  int64_t out;
+};
+RunOffsets OffsetsOf(const Dims& d, int64_t b, int64_t h0) {
+  return {b * d.seq * 3 * d.channels + h0 * d.head_dim,
+          b * d.seq * d.channels + h0 * d.head_dim};
+}
+
+// S = scale Q K^T for a run: row-major S[i][j] (query i, key j, row stride
+// ld) is column-major S^T = K Q^T, where the column-major views of K and Q
+// (ld 3C) are K^T and Q^T: so op(A) = (K^T)^T, op(B) = Q^T.
+absl::Status ScoresGemm(cublasHandle_t handle, const Dims& d,
+                        const CublasPlan& plan, const Tensor& qkv,
+                        cudaDataType act_type, float scale, int64_t b,
+                        int64_t h0, int64_t count, float* scores) {
+  const int64_t size = DTypeSize(qkv.dtype);
+  const int64_t ld3 = 3 * d.channels;
+  const char* q = At(qkv.data, OffsetsOf(d, b, h0).qkv, size);
+  const char* k = q + d.channels * size;
+  return Gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq, d.head_dim, scale,
+              {k, act_type, ld3, d.head_dim}, {q, act_type, ld3, d.head_dim},
+              0.0f, scores, CUDA_R_32F, plan.ld, plan.matrix, count);
+}
+
+absl::Status CublasForward(Context& context, cudaStream_t stream, const Dims& d,
+                           const CausalAttentionOptions& options,
+                           const Tensor& qkv, const Tensor& out,
+                           const Tensor& lse) {
+  const bool bf16 = qkv.dtype == DType::kBF16;
+  const int64_t size = DTypeSize(qkv.dtype);
+  const cudaDataType act_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const CublasPlan plan =
+      MakeCublasPlan(d, qkv.dtype, options.cublas_chunk_bytes);
+  ASSIGN_OR_RETURN(void* workspace, context.Workspace(plan.forward_bytes));
+  ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandleOf(context));
+  float* scores = static_cast<float*>(workspace);  // [chunk, seq, ld]
+  char* probs = static_cast<char*>(workspace) + plan.buffer_f32;  // same
+  const int64_t ld3 = 3 * d.channels;
+  const float scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+
+  for (int64_t g0 = 0; g0 < d.groups(); g0 += plan.chunk) {
+    const int64_t g1 = std::min(d.groups(), g0 + plan.chunk);
+    RETURN_IF_ERROR(ForEachRun(d, g0, g1,
+                               [&](int64_t b, int64_t h0, int64_t count,
+                                   int64_t local) -> absl::Status {
+                                 return ScoresGemm(
+                                     handle, d, plan, qkv, act_type, scale, b,
+                                     h0, count, scores + local * plan.matrix);
+                               }));
+    CUDA_RETURN_IF_ERROR(attention::LaunchCausalSoftmax(
+        scores, plan.ld, probs, bf16, lse.data_as<float>() + g0 * d.seq,
+        g1 - g0, d.seq, stream));
+    // O = P V: column-major O^T (ld C) = V^T P^T, V^T being V's column-major
+    // view (ld 3C) and P^T P's (ld ld).
+    RETURN_IF_ERROR(ForEachRun(
+        d, g0, g1,
+        [&](int64_t b, int64_t h0, int64_t count,
+            int64_t local) -> absl::Status {
+          const RunOffsets at = OffsetsOf(d, b, h0);
+          const char* v = At(qkv.data, at.qkv + 2 * d.channels, size);
+          return Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.head_dim, d.seq,
+                      d.seq, 1.0f, {v, act_type, ld3, d.head_dim},
+                      {probs + local * plan.matrix * size, act_type, plan.ld,
+                       plan.matrix},
+                      0.0f, At(out.data, at.out, size), act_type, d.channels,
+                      d.head_dim, count);
+        }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CublasBackward(Context& context, cudaStream_t stream,
+                            const Dims& d,
+                            const CausalAttentionOptions& options,
+                            const Tensor& qkv, const Tensor& out,
+                            const Tensor& lse, const Tensor& d_out,
+                            const Tensor& d_qkv, bool accumulate) {
+  const bool bf16 = qkv.dtype == DType::kBF16;
+  const int64_t size = DTypeSize(qkv.dtype);
+  const cudaDataType act_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const CublasPlan plan =
+      MakeCublasPlan(d, qkv.dtype, options.cublas_chunk_bytes);
+  ASSIGN_OR_RETURN(void* workspace, context.Workspace(plan.backward_bytes));
+  ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandleOf(context));
+  char* base = static_cast<char*>(workspace);
+  float* delta = reinterpret_cast<float*>(base);  // [batch, heads, seq]
+  base += plan.delta_bytes;
+  float* scores = reinterpret_cast<float*>(base);  // [chunk, seq, ld] each
+  float* dprobs = reinterpret_cast<float*>(base + plan.buffer_f32);
+  char* probs = base + 2 * plan.buffer_f32;
+  char* dscores = probs + plan.buffer_act;
+  const int64_t ld3 = 3 * d.channels;
+  const float scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  const float beta = accumulate ? 1.0f : 0.0f;
+
+  CUDA_RETURN_IF_ERROR(attention::LaunchDelta(out.data, d_out.data, bf16,
+                                              d.batch, d.seq, d.heads,
+                                              d.head_dim, delta, stream));
+  for (int64_t g0 = 0; g0 < d.groups(); g0 += plan.chunk) {
+    const int64_t g1 = std::min(d.groups(), g0 + plan.chunk);
+    RETURN_IF_ERROR(ForEachRun(
+        d, g0, g1,
+        [&](int64_t b, int64_t h0, int64_t count,
+            int64_t local) -> absl::Status {
+          RETURN_IF_ERROR(ScoresGemm(handle, d, plan, qkv, act_type, scale, b,
+                                     h0, count, scores + local * plan.matrix));
+          // dP = dO V^T: column-major dP^T = V dO^T = (V^T)^T (dO^T).
+          const RunOffsets at = OffsetsOf(d, b, h0);
+          const char* v = At(qkv.data, at.qkv + 2 * d.channels, size);
+          const char* dout = At(d_out.data, at.out, size);
+          return Gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, d.seq, d.seq,
+                      d.head_dim, 1.0f, {v, act_type, ld3, d.head_dim},
+                      {dout, act_type, d.channels, d.head_dim}, 0.0f,
+                      dprobs + local * plan.matrix, CUDA_R_32F, plan.ld,
+                      plan.matrix, count);
+        }));
+    CUDA_RETURN_IF_ERROR(attention::LaunchSoftmaxBackward(
+        scores, dprobs, plan.ld, lse.data_as<float>() + g0 * d.seq,
+        delta + g0 * d.seq, probs, dscores, bf16, g1 - g0, d.seq, stream));
+    RETURN_IF_ERROR(ForEachRun(
+        d, g0, g1,
+        [&](int64_t b, int64_t h0, int64_t count,
+            int64_t local) -> absl::Status {
+          const RunOffsets at = OffsetsOf(d, b, h0);
+          const char* q = At(qkv.data, at.qkv, size);
+          const char* k = q + d.channels * size;
+          const char* dout = At(d_out.data, at.out, size);
+          char* dq = At(d_qkv.data, at.qkv, size);
+          char* dk = dq + d.channels * size;
+          char* dv = dq + 2 * d.channels * size;
+          const Operand p{probs + local * plan.matrix * size, act_type, plan.ld,
+                          plan.matrix};
+          const Operand ds{dscores + local * plan.matrix * size, act_type,
+                           plan.ld, plan.matrix};
+          // dV = P^T dO: column-major dV^T (ld 3C) = dO^T P.
+          RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.head_dim,
+                               d.seq, d.seq, 1.0f,
+                               {dout, act_type, d.channels, d.head_dim}, p,
+                               beta, dv, act_type, ld3, d.head_dim, count));
+          // dQ = scale dS K: column-major dQ^T = K^T dS^T.
+          RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, d.head_dim,
+                               d.seq, d.seq, scale,
+                               {k, act_type, ld3, d.head_dim}, ds, beta, dq,
+                               act_type, ld3, d.head_dim, count));
+          // dK = scale dS^T Q: column-major dK^T = Q^T dS.
+          return Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.head_dim, d.seq,
+                      d.seq, scale, {q, act_type, ld3, d.head_dim}, ds, beta,
+                      dk, act_type, ld3, d.head_dim, count);
+        }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ChooseFlash(const CausalAttentionOptions& options,
+                                 DType dtype,
+                                 std::initializer_list<const Tensor*> tensors) {
+  bool aligned = true;
+  for (const Tensor* tensor : tensors) aligned &= Aligned16(tensor->data);
+  const bool flash = UseFlash(options, dtype, aligned);
+  if (flash && (dtype != DType::kBF16 || !aligned)) {
+    return InvalidArgument(
+        "attention: the flash kernel needs bf16 tensors with 16-byte aligned "
+        "data, got ",
+        DTypeName(dtype), aligned ? "" : " (misaligned)");
+  }
+  return flash;
+}
+
+#endif  // LOSSRT_WITH_CUDA
+
+}  // namespace
+
+absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
+                                    int64_t batch, int64_t seq, int64_t heads,
+                                    const Tensor& out, const Tensor& lse) {
+  return CausalAttentionForward(context, qkv, batch, seq, heads, out, lse,
+                                CausalAttentionOptions());
+}
+
+absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
+                                    int64_t batch, int64_t seq, int64_t heads,
+                                    const Tensor& out, const Tensor& lse,
+                                    const CausalAttentionOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const Dims d,
+                   CheckQkvOutLse(context, qkv, batch, seq, heads, out, lse));
+  RETURN_IF_ERROR(CheckNoOverlap(out, "out", {&qkv, &lse}));
+  RETURN_IF_ERROR(CheckNoOverlap(lse, "lse", {&qkv}));
+
+  if (context.device().is_cpu()) {
+    ASSIGN_OR_RETURN(void* scratch,
+                     context.Workspace(CpuWorkspaceBytes(qkv.dtype, d.seq)));
+    if (qkv.dtype == DType::kF64) {
+      ForwardCpu<double>(d, qkv.data_as<const double>(), out.data_as<double>(),
+                         lse.data_as<double>(), static_cast<double*>(scratch));
+    } else {
+      ForwardCpu<float>(d, qkv.data_as<const float>(), out.data_as<float>(),
+                        lse.data_as<float>(), static_cast<float*>(scratch));
+    }
+    return absl::OkStatus();
+  }
+
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(const bool flash,
+                   ChooseFlash(options, qkv.dtype, {&qkv, &out}));
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  if (flash) {
+    attention::FlashArgs args;
+    args.qkv = qkv.data;
+    args.out = out.data;
+    args.lse = lse.data_as<float>();
+    args.batch = d.batch;
+    args.seq = d.seq;
+    args.heads = d.heads;
+    args.head_dim = d.head_dim;
+    CUDA_RETURN_IF_ERROR(attention::LaunchFlashForward(args, stream));
+    return absl::OkStatus();
+  }
+  return CublasForward(context, stream, d, options, qkv, out, lse);
+#else
+  return absl::UnavailableError("attention on " + context.device().ToString() +
+                                ": built without CUDA");
+#endif
+}
+
+absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
+                                     const Tensor& out, const Tensor& lse,
+                                     const Tensor& d_out, int64_t batch,
+                                     int64_t seq, int64_t heads,
+                                     const Tensor& d_qkv, bool accumulate) {
+  return CausalAttentionBackward(context, qkv, out, lse, d_out, batch, seq,
+                                 heads, d_qkv, accumulate,
+                                 CausalAttentionOptions());
+}
+
+absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
+                                     const Tensor& out, const Tensor& lse,
+                                     const Tensor& d_out, int64_t batch,
+                                     int64_t seq, int64_t heads,
+                                     const Tensor& d_qkv, bool accumulate,
+                                     const CausalAttentionOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const Dims d,
+                   CheckQkvOutLse(context, qkv, batch, seq, heads, out, lse));
+  RETURN_IF_ERROR(CheckTensor(context, d_out, {d.rows(), d.channels},
+                              {qkv.dtype}, "d_out"));
+  RETURN_IF_ERROR(CheckTensor(context, d_qkv, {d.rows(), 3 * d.channels},
+                              {qkv.dtype}, "d_qkv"));
+  RETURN_IF_ERROR(CheckNoOverlap(d_qkv, "d_qkv", {&qkv, &out, &lse, &d_out}));
+
+  if (context.device().is_cpu()) {
+    ASSIGN_OR_RETURN(void* scratch,
+                     context.Workspace(CpuWorkspaceBytes(qkv.dtype, d.seq)));
+    if (qkv.dtype == DType::kF64) {
+      BackwardCpu<double>(
+          d, qkv.data_as<const double>(), out.data_as<const double>(),
+          lse.data_as<const double>(), d_out.data_as<const double>(),
+          d_qkv.data_as<double>(), accumulate, static_cast<double*>(scratch));
+    } else {
+      BackwardCpu<float>(d, qkv.data_as<const float>(),
+                         out.data_as<const float>(), lse.data_as<const float>(),
+                         d_out.data_as<const float>(), d_qkv.data_as<float>(),
+                         accumulate, static_cast<float*>(scratch));
+    }
+    return absl::OkStatus();
+  }
+
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(const bool flash, ChooseFlash(options, qkv.dtype,
+                                                 {&qkv, &out, &d_out, &d_qkv}));
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  if (flash) {
+    ASSIGN_OR_RETURN(void* workspace,
+                     context.Workspace(AlignUp(d.groups() * d.seq * 4)));
+    float* delta = static_cast<float*>(workspace);  // [batch, heads, seq]
+    CUDA_RETURN_IF_ERROR(attention::LaunchDelta(
+        out.data, d_out.data,
+        /*bf16=*/true, d.batch, d.seq, d.heads, d.head_dim, delta, stream));
+    attention::FlashArgs args;
+    args.qkv = qkv.data;
+    args.d_out = d_out.data;
+    args.d_qkv = d_qkv.data;
+    args.lse = lse.data_as<float>();
+    args.delta = delta;
+    args.batch = d.batch;
+    args.seq = d.seq;
+    args.heads = d.heads;
+    args.head_dim = d.head_dim;
+    args.accumulate = accumulate;
+    CUDA_RETURN_IF_ERROR(attention::LaunchFlashBackward(args, stream));
+    return absl::OkStatus();
+  }
+  return CublasBackward(context, stream, d, options, qkv, out, lse, d_out,
+                        d_qkv, accumulate);
+#else
+  return absl::UnavailableError("attention on " + context.device().ToString() +
+                                ": built without CUDA");
+#endif
+}
+
+int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
+                                      int64_t batch, int64_t seq, int64_t heads,
+                                      int64_t head_dim) {
+  return CausalAttentionWorkspaceBytes(device, dtype, batch, seq, heads,
+                                       head_dim, CausalAttentionOptions());
+}
+
+int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
+                                      int64_t batch, int64_t seq, int64_t heads,
+                                      int64_t head_dim,
+                                      const CausalAttentionOptions& options) {
+  if (batch < 1 || seq < 1 || heads < 1 || head_dim < 1 ||
+      batch > kMaxElements || seq > kMaxElements || heads > kMaxElements ||
+      head_dim > kMaxElements || batch * seq > kMaxElements ||
+      heads * head_dim > kMaxElements || options.cublas_chunk_bytes < 1) {
+    return 0;
+  }
+  if (device.is_cpu()) return CpuWorkspaceBytes(dtype, seq);
+  Dims d;
+  d.batch = batch;
+  d.seq = seq;
+  d.heads = heads;
+  d.head_dim = head_dim;
+  d.channels = heads * head_dim;
+  if (UseFlash(options, dtype, /*aligned=*/true)) {
+    return AlignUp(d.groups() * d.seq * 4);  // the backward's delta
+  }
+  const CublasPlan plan = MakeCublasPlan(d, dtype, options.cublas_chunk_bytes);
+  return std::max(plan.forward_bytes, plan.backward_bytes);
+}
+
+}  // namespace ops
+}  // namespace lossrt

@@ -1,0 +1,203 @@
+// CUDA kernels of the causal attention op's cuBLAS path (the softmax between
+// the GEMMs, forward and backward) and the delta = rowsum(d_out * out) kernel
+// both GPU paths share. All arithmetic is fp32.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "graph/ops/attention_cuda.h"
+
+namespace lossrt {
+namespace ops {
+namespace attention {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float ToFloat(float value) { return value; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+
+// One warp per (row, head): the dot product of d_out and out over head_dim.
+template <typename T>
+__global__ void DeltaKernel(const T* __restrict__ out,
+                            const T* __restrict__ d_out, int64_t rows,
+                            int64_t seq, int64_t heads, int64_t head_dim,
+                            float* __restrict__ delta) {
+  const int64_t item =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= rows * heads) return;  // whole warps leave together
+  const int64_t row = item / heads;
+  const int64_t h = item % heads;
+  const int64_t base = row * heads * head_dim + h * head_dim;
+  float sum = 0.0f;
+  for (int64_t d = lane; d < head_dim; d += 32) {
+    sum += ToFloat(out[base + d]) * ToFloat(d_out[base + d]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(kFullMask, sum, offset);
+  }
+  if (lane == 0) {
+    const int64_t b = row / seq;
+    const int64_t t = row % seq;
+    delta[(b * heads + h) * seq + t] = sum;
+  }
+}
+
+// (m, l) of a softmax partial: max m and sum l of exp(x - m). An empty partial
+// is (-inf, 0); the guards keep -inf - -inf from making NaN.
+__device__ __forceinline__ void MergeSoftmax(float& m, float& l, float m2,
+                                             float l2) {
+  const float merged = fmaxf(m, m2);
+  const float left = m == -INFINITY ? 0.0f : l * expf(m - merged);
+  const float right = m2 == -INFINITY ? 0.0f : l2 * expf(m2 - merged);
+  m = merged;
+  l = left + right;
+}
+
+// One warp per score row (group g, query i): the log-sum-exp over keys 0..i,
+// then the probabilities of the whole row (0 for keys past i, so that the
+// P V GEMM over all keys is causal).
+template <typename T>
+__global__ void CausalSoftmaxKernel(const float* __restrict__ scores,
+                                    int64_t ld, T* __restrict__ probs,
+                                    float* __restrict__ lse, int64_t rows,
+                                    int64_t seq) {
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // whole warps leave together
+  const int64_t query = row % seq;
+  // Rows of the [groups, seq, ld] buffers are consecutive: group g's query i
+  // is row g * seq + i.
+  const float* score_row = scores + row * ld;
+  T* prob_row = probs + row * ld;
+
+  float m = -INFINITY;
+  float l = 0.0f;
+  for (int64_t key = lane; key <= query; key += 32) {
+    MergeSoftmax(m, l, score_row[key], 1.0f);
+  }
+  // Butterfly: every lane ends with the same (m, l) (the merge is symmetric).
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m2 = __shfl_xor_sync(kFullMask, m, offset);
+    const float l2 = __shfl_xor_sync(kFullMask, l, offset);
+    MergeSoftmax(m, l, m2, l2);
+  }
+  // Key 0 is always visible, so l >= 1 and the log-sum-exp is finite.
+  const float row_lse = m + logf(l);
+  if (lane == 0) lse[row] = row_lse;
+  for (int64_t key = lane; key < seq; key += 32) {
+    const float p = key <= query ? expf(score_row[key] - row_lse) : 0.0f;
+    prob_row[key] = FromFloat<T>(p);
+  }
+}
+
+// One block per score row: probabilities recomputed from the saved lse, and
+// dscores = p * (dprobs - delta) (the softmax backward), 0 above the diagonal.
+template <typename T>
+__global__ void SoftmaxBackwardKernel(const float* __restrict__ scores,
+                                      const float* __restrict__ dprobs,
+                                      int64_t ld, const float* __restrict__ lse,
+                                      const float* __restrict__ delta,
+                                      T* __restrict__ probs,
+                                      T* __restrict__ dscores, int64_t seq) {
+  const int64_t row = blockIdx.x;
+  const int64_t query = row % seq;
+  const float row_lse = lse[row];
+  const float row_delta = delta[row];
+  for (int64_t key = threadIdx.x; key < seq; key += blockDim.x) {
+    const int64_t at = row * ld + key;
+    float p = 0.0f;
+    float ds = 0.0f;
+    if (key <= query) {
+      p = expf(scores[at] - row_lse);
+      ds = p * (dprobs[at] - row_delta);
+    }
+    probs[at] = FromFloat<T>(p);
+    dscores[at] = FromFloat<T>(ds);
+  }
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+cudaError_t LaunchDelta(const void* out, const void* d_out, bool bf16,
+                        int64_t batch, int64_t seq, int64_t heads,
+                        int64_t head_dim, float* delta, cudaStream_t stream) {
+  const int64_t rows = batch * seq;
+  const int64_t blocks = CeilDiv(rows * heads, kWarpsPerBlock);
+  if (blocks == 0) return cudaSuccess;
+  if (bf16) {
+    DeltaKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
+                  stream>>>(static_cast<const __nv_bfloat16*>(out),
+                            static_cast<const __nv_bfloat16*>(d_out), rows, seq,
+                            heads, head_dim, delta);
+  } else {
+    DeltaKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
+                  stream>>>(static_cast<const float*>(out),
+                            static_cast<const float*>(d_out), rows, seq, heads,
+                            head_dim, delta);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCausalSoftmax(const float* scores, int64_t ld, void* probs,
+                                bool bf16, float* lse, int64_t groups,
+                                int64_t seq, cudaStream_t stream) {
+  const int64_t rows = groups * seq;
+  const int64_t blocks = CeilDiv(rows, kWarpsPerBlock);
+  if (blocks == 0) return cudaSuccess;
+  if (bf16) {
+    CausalSoftmaxKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
+                          stream>>>(
+        scores, ld, static_cast<__nv_bfloat16*>(probs), lse, rows, seq);
+  } else {
+    CausalSoftmaxKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
+                          stream>>>(scores, ld, static_cast<float*>(probs), lse,
+                                    rows, seq);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftmaxBackward(const float* scores, const float* dprobs,
+                                  int64_t ld, const float* lse,
+                                  const float* delta, void* probs,
+                                  void* dscores, bool bf16, int64_t groups,
+                                  int64_t seq, cudaStream_t stream) {
+  const int64_t rows = groups * seq;
+  if (rows == 0) return cudaSuccess;
+  // Short rows waste fewer idle threads with a smaller block.
+  const int threads = seq >= 256 ? 256 : seq >= 64 ? 64 : 32;
+  if (bf16) {
+    SoftmaxBackwardKernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+        scores, dprobs, ld, lse, delta, static_cast<__nv_bfloat16*>(probs),
+        static_cast<__nv_bfloat16*>(dscores), seq);
+  } else {
+    SoftmaxBackwardKernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+        scores, dprobs, ld, lse, delta, static_cast<float*>(probs),
+        static_cast<float*>(dscores), seq);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace attention
+}  // namespace ops
+}  // namespace lossrt

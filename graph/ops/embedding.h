@@ -1,0 +1,58 @@
+// Token (+ learned position) embedding lookup, forward and backward, on the
+// CPU (f32, f64 tables) and CUDA (f32, bf16 tables).
+//
+//   out[r, :] = token_table[ids[r], :] + position_table[r % seq, :]
+//
+//   RETURN_IF_ERROR(lossrt::ops::EmbeddingForward(*context, ids, wte, &wpe,
+//                                                 seq, x));  // x [B * T, C]
+//
+// ids are i32 [rows] with rows = batch * seq (row r is position r % seq of its
+// sequence). Every call checks all of its arguments, the range of every id
+// included, before it writes anything. On a GPU the id check is a small kernel
+// whose result (a count of bad ids) is copied back to the host: each call
+// waits for the context's stream once (a few microseconds plus whatever work
+// was queued before it).
+#ifndef LOSSRT_GRAPH_OPS_EMBEDDING_H_
+#define LOSSRT_GRAPH_OPS_EMBEDDING_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "runtime/context.h"
+#include "runtime/tensor.h"
+
+namespace lossrt {
+namespace ops {
+
+// out [rows, C] = token_table [V, C] rows picked by ids [rows] (i32), plus
+// position_table [P, C] row r % seq when position_table is not null (P >=
+// seq). rows % seq == 0, seq >= 1. Tables and out share one activation dtype
+// (f32/f64 on the CPU, f32/bf16 on a GPU); the sum is formed in f32 (f64 for
+// f64) and rounded once. An id outside [0, V) is an InvalidArgument with
+// nothing written. out must not overlap the inputs.
+absl::Status EmbeddingForward(Context& context, const Tensor& ids,
+                              const Tensor& token_table,
+                              const Tensor* position_table, int64_t seq,
+                              const Tensor& out);
+
+// d_token_table [V, C] += the rows of d_out [rows, C] scattered to their ids;
+// d_position_table [P, C] (if not null; P >= seq) row p += the sum of d_out
+// rows b * seq + p over the batch b. d_out is in the activation dtype, the
+// table gradients in the accumulator dtype (f64 for f64 d_out, else f32).
+// Outputs must not overlap the inputs or each other.
+//
+// Determinism: d_position_table is a per-position sum over the batch in a
+// fixed order on every device (bitwise reproducible). d_token_table is summed
+// in row order on the CPU, but with fp32 atomic adds on the GPU (ids repeat in
+// any pattern, so rows meet in the order the hardware runs them): there it is
+// NOT bitwise reproducible run to run when an id occurs more than once (the
+// differences are fp32 rounding of the sums).
+absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
+                               const Tensor& d_out, int64_t seq,
+                               const Tensor& d_token_table,
+                               const Tensor* d_position_table);
+
+}  // namespace ops
+}  // namespace lossrt
+
+#endif  // LOSSRT_GRAPH_OPS_EMBEDDING_H_

@@ -1,0 +1,46 @@
+// Linear layer: y = x w^T + b, the PyTorch nn.Linear convention, through
+// cuBLASLt on a GPU (the bias added in the GEMM's epilogue, plans cached in the
+// context) and Eigen on the CPU.
+//
+//   // x [rows, in], weight [out, in], bias [out], y [rows, out]
+//   RETURN_IF_ERROR(lossrt::ops::LinearForward(context, x, weight, &bias, y));
+//   RETURN_IF_ERROR(lossrt::ops::LinearBackward(context, x, weight, dy, &dx,
+//                                               /*accumulate_dx=*/false,
+//                                               d_weight, &d_bias));
+//
+// Dtypes follow graph/ops/op_checks.h: x, weight, bias, y, dy and dx share the
+// activation dtype; d_weight and d_bias are in the accumulator dtype and are
+// accumulated (+=). On a GPU the products accumulate in fp32.
+#ifndef LOSSRT_GRAPH_OPS_LINEAR_H_
+#define LOSSRT_GRAPH_OPS_LINEAR_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "runtime/context.h"
+#include "runtime/tensor.h"
+
+namespace lossrt {
+namespace ops {
+
+// y [rows, out] = x [rows, in] @ weight [out, in]^T (+ bias [out]).
+absl::Status LinearForward(Context& context, const Tensor& x,
+                           const Tensor& weight, const Tensor* bias,
+                           const Tensor& y);
+
+// dx [rows, in] = (or +=) dy @ weight (skipped when dx is null);
+// d_weight [out, in] += dy^T @ x; d_bias [out] += column sums of dy.
+absl::Status LinearBackward(Context& context, const Tensor& x,
+                            const Tensor& weight, const Tensor& dy,
+                            const Tensor* dx, bool accumulate_dx,
+                            const Tensor& d_weight, const Tensor* d_bias);
+
+// Scratch LinearBackward takes from context.Workspace (the bias gradient's
+// partial sums on a GPU).
+int64_t LinearBackwardWorkspaceBytes(const Device& device, int64_t rows,
+                                     int64_t out_features);
+
+}  // namespace ops
+}  // namespace lossrt
+
+#endif  // LOSSRT_GRAPH_OPS_LINEAR_H_

@@ -1,0 +1,45 @@
+// Argument checks shared by the graph's ops.
+#include "graph/ops/op_checks.h"
+
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace ops {
+
+absl::Status CheckActivationDType(const Context& context, DType dtype,
+                                  absl::string_view name) {
+  const bool cpu = context.device().is_cpu();
+  const bool ok = cpu ? (dtype == DType::kF32 || dtype == DType::kF64)
+                      : (dtype == DType::kF32 || dtype == DType::kBF16);
+  if (ok) return absl::OkStatus();
+  return InvalidArgument(
+      name, ": dtype ", DTypeName(dtype), " is not an activation dtype on ",
+      context.device().ToString(), cpu ? " (f32, f64)" : " (f32, bf16)");
+}
+
+absl::Status CheckTensor(const Context& context, const Tensor& tensor,
+                         std::initializer_list<int64_t> expected,
+                         std::initializer_list<DType> allowed,
+                         absl::string_view name) {
+  if (tensor.device != context.device()) {
+    return InvalidArgument(name, " is on ", tensor.device.ToString(),
+                           ", the context on ", context.device().ToString());
+  }
+  RETURN_IF_ERROR(CheckShape(tensor, expected, name));
+  RETURN_IF_ERROR(CheckDType(tensor, allowed, name));
+  if (!tensor.is_contiguous()) {
+    return InvalidArgument(name, " must be contiguous: ", tensor.ShapeString());
+  }
+  if (tensor.numel() > kMaxElements) {
+    return InvalidArgument(name, " has ", tensor.numel(),
+                           " elements, more than the ops' limit of ",
+                           kMaxElements);
+  }
+  if (tensor.numel() > 0 && tensor.data == nullptr) {
+    return InvalidArgument(name, " has no data");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ops
+}  // namespace lossrt

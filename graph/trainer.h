@@ -1,0 +1,103 @@
+// Trainer: the optimization loop's state around a Gpt — AdamW moments, the
+// learning-rate schedule, gradient accumulation over micro-batches, global
+// gradient-norm clipping — and checkpoints that resume exactly.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+//                    Trainer::Create(*model, options));
+//   for (...) {
+//     // ids and targets hold micro_batches * rows tokens.
+//     ASSIGN_OR_RETURN(Trainer::StepStats stats, trainer->Step(ids, targets));
+//   }
+//   RETURN_IF_ERROR(trainer->Save("ckpt", {{"data_position", "123"}}));
+//
+// Checkpoints are folders: model.safetensors holds the fp32 master weights
+// under nanoGPT's names (loadable by PyTorch's safetensors) with the model
+// config in its metadata; optimizer.safetensors holds the AdamW moments and,
+// in its metadata, the step and the caller's extra state (e.g. the data
+// position). Save writes a new folder <dir>/step-<N> through a temporary
+// folder and a rename, then points <dir>/latest at it (written atomically), so
+// a crash never leaves a checkpoint half written.
+#ifndef LOSSRT_GRAPH_TRAINER_H_
+#define LOSSRT_GRAPH_TRAINER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "graph/gpt.h"
+#include "graph/optim/adamw.h"
+#include "graph/optim/lr_schedule.h"
+#include "runtime/allocator.h"
+
+namespace lossrt {
+namespace graph {
+
+struct TrainerOptions {
+  optim::AdamWOptions adamw;
+  optim::LrSchedule schedule;
+  int64_t micro_batches = 1;  // gradient accumulation
+};
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      Gpt& model, const TrainerOptions& options);
+
+  struct StepStats {
+    float loss = 0;       // mean over the micro-batches
+    float grad_norm = 0;  // before clipping
+    float lr = 0;
+  };
+  // One optimizer step: forward and backward over micro_batches batches
+  // (`ids` and `targets` hold micro_batches * rows tokens), then AdamW.
+  absl::StatusOr<StepStats> Step(absl::Span<const int32_t> ids,
+                                 absl::Span<const int32_t> targets);
+  // The loss of one batch (rows tokens), without gradients.
+  absl::StatusOr<float> Evaluate(absl::Span<const int32_t> ids,
+                                 absl::Span<const int32_t> targets);
+
+  // Optimizer steps taken (the next Step is step() + 1).
+  int64_t step() const { return step_; }
+  Gpt& model() { return model_; }
+  const TrainerOptions& options() const { return options_; }
+
+  // Writes <dir>/step-<step>/ and updates <dir>/latest; returns the folder.
+  absl::StatusOr<std::string> Save(
+      const std::string& dir, const std::map<std::string, std::string>& extra);
+  // Loads a checkpoint folder (or <dir>/latest when `path` is a checkpoint
+  // root) into the model and the optimizer; returns the extra state saved with
+  // it. The model's config must match the checkpoint's.
+  absl::StatusOr<std::map<std::string, std::string>> Load(
+      const std::string& path);
+
+ private:
+  Trainer(Gpt& model, const TrainerOptions& options)
+      : model_(model), options_(options) {}
+  absl::Status RunMicroBatch(absl::Span<const int32_t> ids,
+                             absl::Span<const int32_t> targets, float* loss);
+
+  Gpt& model_;
+  TrainerOptions options_;
+  int64_t step_ = 0;
+  OwnedTensor m_, v_, norm_;
+};
+
+// The checkpoint folder <dir>/latest points at, if any (NotFound otherwise).
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// The model config saved in a checkpoint folder's model.safetensors.
+absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& folder);
+
+// The config as "key=value" metadata and back.
+std::map<std::string, std::string> GptConfigToMetadata(const GptConfig& config);
+absl::StatusOr<GptConfig> GptConfigFromMetadata(
+    const std::map<std::string, std::string>& metadata);
+
+}  // namespace graph
+}  // namespace lossrt
+
+#endif  // LOSSRT_GRAPH_TRAINER_H_

@@ -1,0 +1,80 @@
+// Helpers for the graph's op tests: tensors made from and read back into
+// host vectors of doubles (any float dtype, any device), NaN poison to tell
+// which elements a call wrote, random values, central-difference gradients and
+// an element-wise closeness assertion that names the worst element.
+//
+//   ASSERT_OK_AND_ASSIGN(OwnedTensor x, FromHost(*context, DType::kF32,
+//                                                {rows, cols}, values));
+//   ASSERT_OK_AND_ASSIGN(std::vector<double> y, ToHost(*context, out.view));
+//   EXPECT_TRUE(AllClose(y, expected, /*atol=*/1e-6, /*rtol=*/1e-5));
+#ifndef LOSSRT_TESTS_GRAPH_OP_TEST_UTIL_H_
+#define LOSSRT_TESTS_GRAPH_OP_TEST_UTIL_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "gtest/gtest.h"
+#include "runtime/context.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+// ASSERT_OK(status) and ASSERT_OK_AND_ASSIGN(lhs, status_or): fail the test
+// with the status's message. (Use them in test bodies: they return on
+// failure.)
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    const absl::Status lossrt_test_status = (expr);             \
+    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
+  } while (false)
+
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  LOSSRT_ASSERT_OK_AND_ASSIGN_IMPL(     \
+      LOSSRT_CONCAT(lossrt_test_value_, __LINE__), lhs, expr)
+#define LOSSRT_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                     \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();                 \
+  lhs = std::move(tmp).value()
+
+namespace lossrt {
+namespace test {
+
+// A contiguous tensor on the context's device holding `values` rounded to
+// `dtype` (integer dtypes truncate).
+absl::StatusOr<OwnedTensor> FromHost(Context& context, DType dtype, Shape shape,
+                                     absl::Span<const double> values);
+
+// A contiguous tensor on the context's device whose every element is the
+// poison NaN of its dtype (tests/tensor_image.h).
+absl::StatusOr<OwnedTensor> PoisonedTensor(Context& context, DType dtype,
+                                           Shape shape);
+
+// The tensor's elements as doubles, after the context's queued work is done.
+// Poisoned elements read as NaN.
+absl::StatusOr<std::vector<double>> ToHost(Context& context,
+                                           const Tensor& tensor);
+
+// How many elements of the tensor still hold the poison.
+absl::StatusOr<int64_t> CountPoison(Context& context, const Tensor& tensor);
+
+// `count` values uniform in [low, high) from `seed`.
+std::vector<double> RandomValues(int64_t count, uint64_t seed, double low,
+                                 double high);
+
+// Central differences (objective(x + eps e_i) - objective(x - eps e_i)) /
+// (2 eps) for every i; `objective` must read `x` (which is restored).
+std::vector<double> NumericalGradient(const std::function<double()>& objective,
+                                      std::vector<double>& x, double eps);
+
+// |actual[i] - expected[i]| <= atol + rtol * |expected[i]| for every i (NaN
+// fails), else a failure naming the count of bad elements and the worst one.
+::testing::AssertionResult AllClose(absl::Span<const double> actual,
+                                    absl::Span<const double> expected,
+                                    double atol, double rtol);
+
+}  // namespace test
+}  // namespace lossrt
+
+#endif  // LOSSRT_TESTS_GRAPH_OP_TEST_UTIL_H_

@@ -1,0 +1,873 @@
+// Tests of the causal attention op (graph/ops/attention.h): the CPU forward
+// against a naive double computation (seq 1, odd head dims, query blocks past
+// 64, causal masking), the CPU backward against central differences in f64 in
+// both accumulate modes, GPU parity of out, lse and d_qkv for f32 and bf16
+// (cuBLAS path, chunked cuBLAS path, flash kernels, the default choice)
+// against the f64 CPU op with poisoned outputs, workspace sizes, and invalid
+// arguments that must leave every output untouched.
+#include "graph/ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+#include "tests/gpu_test_util.h"
+#include "tests/graph/op_test_util.h"
+
+namespace lossrt {
+namespace ops {
+namespace {
+
+using test::AllClose;
+using test::CountPoison;
+using test::FromHost;
+using test::NumericalGradient;
+using test::PoisonedTensor;
+using test::RandomValues;
+using test::TestSeed;
+using test::ToHost;
+
+struct AttentionShape {
+  int64_t batch, seq, heads, head_dim;
+
+  int64_t rows() const { return batch * seq; }
+  int64_t channels() const { return heads * head_dim; }
+  int64_t qkv_size() const { return rows() * 3 * channels(); }
+  int64_t out_size() const { return rows() * channels(); }
+  int64_t lse_size() const { return batch * heads * seq; }
+};
+
+std::string Describe(const AttentionShape& s) {
+  return absl::StrCat("batch ", s.batch, " seq ", s.seq, " heads ", s.heads,
+                      " head_dim ", s.head_dim);
+}
+
+// out and lse in plain double loops, straight from the definition.
+struct ForwardValues {
+  std::vector<double> out, lse;
+};
+
+ForwardValues NaiveForward(const AttentionShape& s,
+                           const std::vector<double>& qkv) {
+  const int64_t c = s.channels();
+  const int64_t d = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ForwardValues result{std::vector<double>(s.out_size()),
+                       std::vector<double>(s.lse_size())};
+  std::vector<double> scores(s.seq);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t t = 0; t < s.seq; ++t) {
+        const double* q = &qkv[(b * s.seq + t) * 3 * c + h * d];
+        double max = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= t; ++j) {
+          const double* k = &qkv[(b * s.seq + j) * 3 * c + c + h * d];
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += q[i] * k[i];
+          scores[j] = dot * scale;
+          max = std::max(max, scores[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(scores[j] - max);
+        const double lse = max + std::log(sum);
+        result.lse[(b * s.heads + h) * s.seq + t] = lse;
+        for (int64_t i = 0; i < d; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j <= t; ++j) {
+            o += std::exp(scores[j] - lse) *
+                 qkv[(b * s.seq + j) * 3 * c + 2 * c + h * d + i];
+          }
+          result.out[(b * s.seq + t) * c + h * d + i] = o;
+        }
+      }
+    }
+  }
+  return result;
+}
+
+// Values as the dtype stores them.
+std::vector<double> Rounded(DType dtype, std::vector<double> values) {
+  for (double& value : values) {
+    if (dtype == DType::kF32) {
+      value = static_cast<float>(value);
+    } else if (dtype == DType::kBF16) {
+      value = Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
+    }
+  }
+  return values;
+}
+
+DType LseDType(DType dtype) {
+  return dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+// The forward's tensors on a context: qkv from values, out and lse poisoned
+// before the call.
+struct Forward {
+  OwnedTensor qkv, out, lse;
+};
+
+absl::StatusOr<Forward> RunForward(Context& context, DType dtype,
+                                   const AttentionShape& s,
+                                   const std::vector<double>& qkv,
+                                   const CausalAttentionOptions& options) {
+  Forward f;
+  ASSIGN_OR_RETURN(f.qkv,
+                   FromHost(context, dtype, {s.rows(), 3 * s.channels()}, qkv));
+  ASSIGN_OR_RETURN(f.out,
+                   PoisonedTensor(context, dtype, {s.rows(), s.channels()}));
+  ASSIGN_OR_RETURN(f.lse, PoisonedTensor(context, LseDType(dtype),
+                                         {s.batch, s.heads, s.seq}));
+  RETURN_IF_ERROR(CausalAttentionForward(context, f.qkv.view, s.batch, s.seq,
+                                         s.heads, f.out.view, f.lse.view,
+                                         options));
+  return f;
+}
+
+// d_qkv after the backward from the forward's tensors: poisoned before the
+// call, or holding `start` when accumulating.
+absl::StatusOr<OwnedTensor> RunBackward(
+    Context& context, DType dtype, const AttentionShape& s, const Forward& f,
+    const std::vector<double>& d_out, bool accumulate,
+    const std::vector<double>& start, const CausalAttentionOptions& options) {
+  ASSIGN_OR_RETURN(OwnedTensor d_out_tensor,
+                   FromHost(context, dtype, {s.rows(), s.channels()}, d_out));
+  OwnedTensor d_qkv;
+  if (accumulate) {
+    ASSIGN_OR_RETURN(
+        d_qkv, FromHost(context, dtype, {s.rows(), 3 * s.channels()}, start));
+  } else {
+    ASSIGN_OR_RETURN(
+        d_qkv, PoisonedTensor(context, dtype, {s.rows(), 3 * s.channels()}));
+  }
+  RETURN_IF_ERROR(CausalAttentionBackward(
+      context, f.qkv.view, f.out.view, f.lse.view, d_out_tensor.view, s.batch,
+      s.seq, s.heads, d_qkv.view, accumulate, options));
+  return d_qkv;
+}
+
+// Forward and backward values of one run.
+struct Results {
+  std::vector<double> out, lse, d_qkv;
+  int64_t poisoned = 0;  // output elements the calls left unwritten
+};
+
+absl::StatusOr<Results> RunBoth(Context& context, DType dtype,
+                                const AttentionShape& s,
+                                const std::vector<double>& qkv,
+                                const std::vector<double>& d_out,
+                                bool accumulate,
+                                const std::vector<double>& start,
+                                const CausalAttentionOptions& options) {
+  ASSIGN_OR_RETURN(Forward f, RunForward(context, dtype, s, qkv, options));
+  ASSIGN_OR_RETURN(OwnedTensor d_qkv, RunBackward(context, dtype, s, f, d_out,
+                                                  accumulate, start, options));
+  Results r;
+  ASSIGN_OR_RETURN(r.out, ToHost(context, f.out.view));
+  ASSIGN_OR_RETURN(r.lse, ToHost(context, f.lse.view));
+  ASSIGN_OR_RETURN(r.d_qkv, ToHost(context, d_qkv.view));
+  for (const Tensor* t : {&f.out.view, &f.lse.view, &d_qkv.view}) {
+    ASSIGN_OR_RETURN(int64_t poisoned, CountPoison(context, *t));
+    r.poisoned += poisoned;
+  }
+  return r;
+}
+
+std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+// One of the q, k, v parts (0, 1, 2) of a [rows, 3C] tensor's values.
+std::vector<double> Part(const AttentionShape& s,
+                         const std::vector<double>& values, int part) {
+  const int64_t c = s.channels();
+  std::vector<double> result;
+  result.reserve(s.out_size());
+  for (int64_t row = 0; row < s.rows(); ++row) {
+    for (int64_t i = 0; i < c; ++i) {
+      result.push_back(values[row * 3 * c + part * c + i]);
+    }
+  }
+  return result;
+}
+
+double MaxAbs(const std::vector<double>& values) {
+  double max = 0;
+  for (double value : values) max = std::max(max, std::abs(value));
+  return max;
+}
+
+// d_qkv close to `expected` part by part (dQ, dK and dV have their own
+// scales): |error| <= rel_atol * max|expected part| + rtol |expected|.
+::testing::AssertionResult GradientsClose(const AttentionShape& s,
+                                          const std::vector<double>& actual,
+                                          const std::vector<double>& expected,
+                                          double rel_atol, double rtol) {
+  static const char* const kNames[] = {"dQ", "dK", "dV"};
+  for (int part = 0; part < 3; ++part) {
+    const std::vector<double> want = Part(s, expected, part);
+    const double atol = rel_atol * std::max(MaxAbs(want), 1e-30);
+    ::testing::AssertionResult close =
+        AllClose(Part(s, actual, part), want, atol, rtol);
+    if (!close) return close << " in " << kNames[part];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------------------
+// CPU.
+
+class AttentionCpuTest : public ::testing::TestWithParam<AttentionShape> {};
+
+TEST_P(AttentionCpuTest, ForwardMatchesNaiveDouble) {
+  const AttentionShape s = GetParam();
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  for (DType dtype : {DType::kF64, DType::kF32}) {
+    SCOPED_TRACE(absl::StrCat(Describe(s), " ", DTypeName(dtype)));
+    const std::vector<double> qkv =
+        Rounded(dtype, RandomValues(s.qkv_size(), seed, -2, 2));
+    const ForwardValues want = NaiveForward(s, qkv);
+    ASSERT_OK_AND_ASSIGN(Forward f, RunForward(*context, dtype, s, qkv,
+                                               CausalAttentionOptions()));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> out, ToHost(*context, f.out.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> lse, ToHost(*context, f.lse.view));
+    const double tol = dtype == DType::kF64 ? 1e-12 : 2e-6;
+    EXPECT_TRUE(AllClose(out, want.out, tol, tol));
+    EXPECT_TRUE(AllClose(lse, want.lse, tol, tol));
+  }
+}
+
+TEST(AttentionCpuGradTest, BackwardMatchesFiniteDifferences) {
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  for (const AttentionShape& s :
+       {AttentionShape{2, 5, 2, 4}, AttentionShape{1, 1, 1, 8},
+        AttentionShape{1, 3, 2, 1}, AttentionShape{2, 6, 3, 3},
+        AttentionShape{1, 7, 1, 24}, AttentionShape{1, 70, 1, 2}}) {
+    std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -2, 2);
+    const std::vector<double> d_out =
+        RandomValues(s.out_size(), seed + 1, -1, 1);
+    const std::vector<double> start =
+        RandomValues(s.qkv_size(), seed + 2, -1, 1);
+
+    // The objective sum(out * d_out) has gradient d_qkv.
+    const std::vector<double> numerical = NumericalGradient(
+        [&]() {
+          const ForwardValues f = NaiveForward(s, qkv);
+          double sum = 0;
+          for (int64_t i = 0; i < s.out_size(); ++i) {
+            sum += f.out[i] * d_out[i];
+          }
+          return sum;
+        },
+        qkv, 1e-5);
+
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(Describe(s), " accumulate ", accumulate));
+      ASSERT_OK_AND_ASSIGN(
+          Results r, RunBoth(*context, DType::kF64, s, qkv, d_out, accumulate,
+                             start, CausalAttentionOptions()));
+      EXPECT_EQ(r.poisoned, 0);
+      const std::vector<double> want =
+          accumulate ? Plus(start, numerical) : numerical;
+      EXPECT_TRUE(AllClose(r.d_qkv, want, 1e-7, 1e-6));
+    }
+  }
+}
+
+TEST_P(AttentionCpuTest, F32BackwardMatchesF64) {
+  const AttentionShape s = GetParam();
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  const std::vector<double> qkv =
+      Rounded(DType::kF32, RandomValues(s.qkv_size(), seed, -2, 2));
+  const std::vector<double> d_out =
+      Rounded(DType::kF32, RandomValues(s.out_size(), seed + 1, -1, 1));
+  ASSERT_OK_AND_ASSIGN(Results want,
+                       RunBoth(*context, DType::kF64, s, qkv, d_out, false, {},
+                               CausalAttentionOptions()));
+  ASSERT_OK_AND_ASSIGN(Results got,
+                       RunBoth(*context, DType::kF32, s, qkv, d_out, false, {},
+                               CausalAttentionOptions()));
+  EXPECT_EQ(got.poisoned, 0);
+  EXPECT_TRUE(GradientsClose(s, got.d_qkv, want.d_qkv, 1e-5, 1e-4));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionCpuTest,
+    ::testing::Values(AttentionShape{1, 1, 1, 8},    // one token
+                      AttentionShape{2, 5, 2, 4},    // the brief's small shape
+                      AttentionShape{1, 3, 2, 1},    // head_dim 1
+                      AttentionShape{2, 6, 3, 3},    // odd head_dim
+                      AttentionShape{1, 7, 1, 24},   // head_dim 24
+                      AttentionShape{1, 70, 1, 2},   // a second query block
+                      AttentionShape{2, 130, 2, 8},  // three query blocks
+                      AttentionShape{1, 200, 1, 64}));
+
+TEST(AttentionCpuMaskTest, FutureTokensDoNotChangeEarlierOutputs) {
+  const AttentionShape s{2, 9, 2, 4};
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -2, 2);
+  // Token 5 of every sequence gets new q, k and v.
+  constexpr int64_t kChanged = 5;
+  std::vector<double> changed = qkv;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t i = 0; i < 3 * s.channels(); ++i) {
+      changed[(b * s.seq + kChanged) * 3 * s.channels() + i] += 0.5;
+    }
+  }
+  for (DType dtype : {DType::kF64, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ASSERT_OK_AND_ASSIGN(Forward before, RunForward(*context, dtype, s, qkv,
+                                                    CausalAttentionOptions()));
+    ASSERT_OK_AND_ASSIGN(Forward after, RunForward(*context, dtype, s, changed,
+                                                   CausalAttentionOptions()));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> out0,
+                         ToHost(*context, before.out.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> out1,
+                         ToHost(*context, after.out.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> lse0,
+                         ToHost(*context, before.lse.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> lse1,
+                         ToHost(*context, after.lse.view));
+    int64_t later_changes = 0;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t t = 0; t < s.seq; ++t) {
+        for (int64_t i = 0; i < s.channels(); ++i) {
+          const int64_t at = (b * s.seq + t) * s.channels() + i;
+          if (t < kChanged) {
+            EXPECT_EQ(out0[at], out1[at]) << "batch " << b << " token " << t;
+          } else {
+            later_changes += out0[at] != out1[at] ? 1 : 0;
+          }
+        }
+        for (int64_t h = 0; h < s.heads; ++h) {
+          const int64_t at = (b * s.heads + h) * s.seq + t;
+          if (t < kChanged) EXPECT_EQ(lse0[at], lse1[at]);
+        }
+      }
+    }
+    // The change is seen from token 5 on (else the check above proves
+    // nothing).
+    EXPECT_EQ(later_changes, s.batch * (s.seq - kChanged) * s.channels());
+  }
+}
+
+TEST(AttentionCpuWorkspaceTest, ReservedWorkspaceIsEnough) {
+  const AttentionShape s{2, 150, 2, 16};
+  const uint64_t seed = TestSeed();
+  for (DType dtype : {DType::kF64, DType::kF32}) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                         Context::Create(Device::Cpu()));
+    const int64_t bytes = CausalAttentionWorkspaceBytes(
+        context->device(), dtype, s.batch, s.seq, s.heads, s.head_dim);
+    EXPECT_GT(bytes, 0);
+    ASSERT_OK(context->ReserveWorkspace(bytes));
+    const int64_t reserved = context->workspace_bytes();
+    ASSERT_OK_AND_ASSIGN(
+        Results r,
+        RunBoth(*context, dtype, s, RandomValues(s.qkv_size(), seed, -1, 1),
+                RandomValues(s.out_size(), seed + 1, -1, 1), false, {},
+                CausalAttentionOptions()));
+    EXPECT_EQ(r.poisoned, 0);
+    EXPECT_EQ(context->workspace_bytes(), reserved) << DTypeName(dtype);
+  }
+  EXPECT_EQ(
+      CausalAttentionWorkspaceBytes(Device::Cpu(), DType::kF32, 0, 1, 1, 8), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Invalid arguments: InvalidArgument, and every output keeps its poison.
+
+struct Outputs {
+  OwnedTensor out, lse, d_qkv;
+};
+
+absl::StatusOr<Outputs> PoisonedOutputs(Context& context, DType dtype,
+                                        const AttentionShape& s) {
+  Outputs o;
+  ASSIGN_OR_RETURN(o.out,
+                   PoisonedTensor(context, dtype, {s.rows(), s.channels()}));
+  ASSIGN_OR_RETURN(o.lse, PoisonedTensor(context, LseDType(dtype),
+                                         {s.batch, s.heads, s.seq}));
+  ASSIGN_OR_RETURN(
+      o.d_qkv, PoisonedTensor(context, dtype, {s.rows(), 3 * s.channels()}));
+  return o;
+}
+
+void ExpectUntouched(Context& context, const std::vector<const Tensor*>& ts) {
+  for (const Tensor* t : ts) {
+    ASSERT_OK_AND_ASSIGN(int64_t poisoned, CountPoison(context, *t));
+    EXPECT_EQ(poisoned, t->numel()) << t->ShapeString();
+  }
+}
+
+// The backward (and, unless `backward_only`, the forward) with the given
+// tensors must be InvalidArgument and write nothing to the poisoned outputs
+// (out, lse for the forward; d_qkv for the backward, whose out/lse inputs are
+// the same poisoned tensors).
+void ExpectRejected(
+    Context& context, const Tensor& qkv, int64_t batch, int64_t seq,
+    int64_t heads, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+    const Tensor& d_qkv, const std::string& what,
+    const CausalAttentionOptions& options = CausalAttentionOptions(),
+    bool backward_only = false) {
+  SCOPED_TRACE(what);
+  if (!backward_only) {
+    const absl::Status forward = CausalAttentionForward(
+        context, qkv, batch, seq, heads, out, lse, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(forward)) << forward;
+  }
+  for (bool accumulate : {false, true}) {
+    const absl::Status backward =
+        CausalAttentionBackward(context, qkv, out, lse, d_out, batch, seq,
+                                heads, d_qkv, accumulate, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(backward)) << backward;
+  }
+  ExpectUntouched(context, {&out, &lse, &d_qkv});
+}
+
+void CheckCommonRejections(Context& context, DType dtype,
+                           const CausalAttentionOptions& options) {
+  const AttentionShape s{2, 4, 2, 8};
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(OwnedTensor qkv,
+                       FromHost(context, dtype, {s.rows(), 3 * s.channels()},
+                                RandomValues(s.qkv_size(), seed, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                       FromHost(context, dtype, {s.rows(), s.channels()},
+                                RandomValues(s.out_size(), seed + 1, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(context, dtype, s));
+  const Tensor& q = qkv.view;
+
+  // qkv's width is not 3 * heads * head_dim (heads = 3 does not divide 48).
+  ExpectRejected(context, q, s.batch, s.seq, 3, o.out.view, o.lse.view,
+                 d_out.view, o.d_qkv.view, "width vs heads", options);
+  {
+    ASSERT_OK_AND_ASSIGN(OwnedTensor wide,
+                         FromHost(context, dtype, {s.rows(), 49},
+                                  RandomValues(s.rows() * 49, seed, -1, 1)));
+    ExpectRejected(context, wide.view, s.batch, s.seq, 1, o.out.view,
+                   o.lse.view, d_out.view, o.d_qkv.view, "width 49", options);
+  }
+  // rows != batch * seq.
+  ExpectRejected(context, q, s.batch, s.seq + 1, s.heads, o.out.view,
+                 o.lse.view, d_out.view, o.d_qkv.view, "rows", options);
+  ExpectRejected(context, q, 0, s.seq, s.heads, o.out.view, o.lse.view,
+                 d_out.view, o.d_qkv.view, "batch 0", options);
+  ExpectRejected(context, q, s.batch, s.seq, 0, o.out.view, o.lse.view,
+                 d_out.view, o.d_qkv.view, "heads 0", options);
+  // Wrong output shapes and dtypes.
+  {
+    Tensor out = o.out.view;
+    out.shape = {s.rows(), s.channels() / 2};
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, out, o.lse.view,
+                   d_out.view, o.d_qkv.view, "out shape", options);
+    Tensor lse = o.lse.view;
+    lse.shape = {s.batch, s.seq, s.heads};
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view, lse,
+                   d_out.view, o.d_qkv.view, "lse shape", options);
+    Tensor d_qkv = o.d_qkv.view;
+    d_qkv.shape = {s.rows(), s.channels()};
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view, o.lse.view,
+                   d_out.view, d_qkv, "d_qkv shape", options,
+                   /*backward_only=*/true);
+    Tensor d_out_short = d_out.view;
+    d_out_short.shape = {s.rows() - 1, s.channels()};
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view, o.lse.view,
+                   d_out_short, o.d_qkv.view, "d_out shape", options,
+                   /*backward_only=*/true);
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor lse_other,
+        PoisonedTensor(
+            context, LseDType(dtype) == DType::kF64 ? DType::kF32 : DType::kF64,
+            {s.batch, s.heads, s.seq}));
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view,
+                   lse_other.view, d_out.view, o.d_qkv.view, "lse dtype",
+                   options);
+    const DType other = dtype == DType::kF32 ? DType::kF64 : DType::kF32;
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor out_other,
+        PoisonedTensor(context, other, {s.rows(), s.channels()}));
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, out_other.view,
+                   o.lse.view, d_out.view, o.d_qkv.view, "out dtype", options);
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor d_qkv_other,
+        PoisonedTensor(context, other, {s.rows(), 3 * s.channels()}));
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view, o.lse.view,
+                   d_out.view, d_qkv_other.view, "d_qkv dtype", options,
+                   /*backward_only=*/true);
+    ExpectUntouched(context, {&d_qkv_other.view});
+  }
+  // Outputs overlapping an input (qkv itself, which must stay as it was).
+  {
+    Tensor out_in_qkv = q;
+    out_in_qkv.shape = {s.rows(), s.channels()};
+    const absl::Status forward = CausalAttentionForward(
+        context, q, s.batch, s.seq, s.heads, out_in_qkv, o.lse.view, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(forward)) << forward;
+    const absl::Status backward =
+        CausalAttentionBackward(context, q, o.out.view, o.lse.view, d_out.view,
+                                s.batch, s.seq, s.heads, q,
+                                /*accumulate=*/false, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(backward)) << backward;
+    ASSERT_OK_AND_ASSIGN(std::vector<double> after, ToHost(context, q));
+    EXPECT_EQ(after, Rounded(dtype, RandomValues(s.qkv_size(), seed, -1, 1)));
+    ExpectUntouched(context, {&o.out.view, &o.lse.view});
+  }
+  // A non-positive chunk budget.
+  {
+    CausalAttentionOptions bad = options;
+    bad.cublas_chunk_bytes = 0;
+    ExpectRejected(context, q, s.batch, s.seq, s.heads, o.out.view, o.lse.view,
+                   d_out.view, o.d_qkv.view, "chunk bytes", bad);
+  }
+}
+
+TEST(AttentionCpuArgsTest, RejectsBadArguments) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  CheckCommonRejections(*context, DType::kF32, CausalAttentionOptions());
+  CheckCommonRejections(*context, DType::kF64, CausalAttentionOptions());
+  // bf16 is not a CPU activation dtype.
+  const AttentionShape s{1, 2, 1, 8};
+  ASSERT_OK_AND_ASSIGN(
+      OwnedTensor qkv,
+      FromHost(*context, DType::kBF16, {s.rows(), 3 * s.channels()},
+               RandomValues(s.qkv_size(), 1, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(
+      OwnedTensor d_out,
+      FromHost(*context, DType::kBF16, {s.rows(), s.channels()},
+               RandomValues(s.out_size(), 2, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(*context, DType::kBF16, s));
+  ExpectRejected(*context, qkv.view, s.batch, s.seq, s.heads, o.out.view,
+                 o.lse.view, d_out.view, o.d_qkv.view, "bf16 on the CPU");
+}
+
+// ---------------------------------------------------------------------------
+// GPU.
+
+// A GPU configuration under test.
+struct GpuConfig {
+  const char* name;
+  DType dtype;
+  AttentionKernel kernel;
+  int64_t chunk_pairs;  // > 0: a cuBLAS budget of this many (batch, head) pairs
+};
+
+constexpr GpuConfig kGpuConfigs[] = {
+    {"cublas f32", DType::kF32, AttentionKernel::kCublas, 0},
+    {"cublas f32, chunks of 3 pairs", DType::kF32, AttentionKernel::kCublas, 3},
+    {"cublas bf16", DType::kBF16, AttentionKernel::kCublas, 0},
+    {"cublas bf16, chunks of 1 pair", DType::kBF16, AttentionKernel::kCublas,
+     1},
+    {"flash bf16", DType::kBF16, AttentionKernel::kFlash, 0},
+    {"default bf16", DType::kBF16, AttentionKernel::kAuto, 0},
+    {"default f32", DType::kF32, AttentionKernel::kAuto, 0},
+};
+
+CausalAttentionOptions OptionsOf(const GpuConfig& config,
+                                 const AttentionShape& s) {
+  CausalAttentionOptions options;
+  options.kernel = config.kernel;
+  if (config.chunk_pairs > 0) {
+    // The op's per-pair need: [seq, seq rounded up to 8] floats twice and
+    // activations twice (the backward's buffers).
+    const int64_t ld = (s.seq + 7) / 8 * 8;
+    options.cublas_chunk_bytes =
+        config.chunk_pairs * s.seq * ld * (8 + 2 * DTypeSize(config.dtype));
+  }
+  return options;
+}
+
+struct Tolerances {
+  double out_atol, out_rtol;
+  double lse_atol, lse_rtol;
+  double grad_rel_atol, grad_rtol;
+};
+
+Tolerances TolerancesOf(DType dtype) {
+  if (dtype == DType::kF32) return {3e-5, 1e-4, 3e-5, 1e-5, 1e-4, 1e-3};
+  // bf16: probabilities, products and outputs are rounded to 8 bits.
+  return {2.5e-2, 2e-2, 2e-3, 1e-3, 3e-2, 3e-2};
+}
+
+class AttentionGpuTest : public ::testing::TestWithParam<AttentionShape> {};
+
+TEST_P(AttentionGpuTest, MatchesCpuInDouble) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s = GetParam();
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> cpu,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  const std::vector<double> qkv_values =
+      RandomValues(s.qkv_size(), seed, -1.5, 1.5);
+  const std::vector<double> d_out_values =
+      RandomValues(s.out_size(), seed + 1, -1, 1);
+  const std::vector<double> start_values =
+      RandomValues(s.qkv_size(), seed + 2, -1, 1);
+
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    // The reference: the f64 CPU op on the values as the dtype holds them.
+    const std::vector<double> qkv = Rounded(dtype, qkv_values);
+    const std::vector<double> d_out = Rounded(dtype, d_out_values);
+    const std::vector<double> start = Rounded(dtype, start_values);
+    ASSERT_OK_AND_ASSIGN(Results want,
+                         RunBoth(*cpu, DType::kF64, s, qkv, d_out, false, {},
+                                 CausalAttentionOptions()));
+    const std::vector<double> want_accumulated = Plus(start, want.d_qkv);
+    const Tolerances tol = TolerancesOf(dtype);
+
+    for (const GpuConfig& config : kGpuConfigs) {
+      if (config.dtype != dtype) continue;
+      SCOPED_TRACE(absl::StrCat(Describe(s), ", ", config.name));
+      const CausalAttentionOptions options = OptionsOf(config, s);
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(absl::StrCat("accumulate ", accumulate));
+        ASSERT_OK_AND_ASSIGN(Results got, RunBoth(*gpu, dtype, s, qkv, d_out,
+                                                  accumulate, start, options));
+        EXPECT_EQ(got.poisoned, 0);
+        EXPECT_TRUE(AllClose(got.out, want.out, tol.out_atol, tol.out_rtol));
+        EXPECT_TRUE(AllClose(got.lse, want.lse, tol.lse_atol, tol.lse_rtol));
+        EXPECT_TRUE(GradientsClose(s, got.d_qkv,
+                                   accumulate ? want_accumulated : want.d_qkv,
+                                   tol.grad_rel_atol, tol.grad_rtol));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionGpuTest,
+    ::testing::Values(AttentionShape{1, 1, 1, 64},       // one token
+                      AttentionShape{2, 5, 2, 8},        // head_dim 8 (padded)
+                      AttentionShape{3, 37, 2, 16},      // runs across batches
+                      AttentionShape{2, 37, 3, 24},      // head_dim 24
+                      AttentionShape{1, 65, 2, 32},      // one past a block
+                      AttentionShape{2, 100, 2, 64},     // seq % 64 != 0
+                      AttentionShape{1, 130, 2, 40},     // head_dim 40 (padded)
+                      AttentionShape{1, 129, 1, 96},     // head_dim 96
+                      AttentionShape{1, 200, 2, 128},    // head_dim 128
+                      AttentionShape{2, 1024, 2, 64}));  // GPT-2's heads
+
+// The flash backward has one writer per element: two runs agree bit for bit.
+TEST(AttentionGpuFlashTest, BackwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s{2, 300, 3, 64};
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  CausalAttentionOptions options;
+  options.kernel = AttentionKernel::kFlash;
+  const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -1.5, 1.5);
+  const std::vector<double> d_out = RandomValues(s.out_size(), seed + 1, -1, 1);
+  ASSERT_OK_AND_ASSIGN(Results first, RunBoth(*gpu, DType::kBF16, s, qkv, d_out,
+                                              false, {}, options));
+  ASSERT_OK_AND_ASSIGN(Results second, RunBoth(*gpu, DType::kBF16, s, qkv,
+                                               d_out, false, {}, options));
+  EXPECT_EQ(first.poisoned, 0);
+  EXPECT_TRUE(first.out == second.out);
+  EXPECT_TRUE(first.d_qkv == second.d_qkv);
+}
+
+TEST(AttentionGpuMaskTest, FutureTokensDoNotChangeEarlierOutputs) {
+  SKIP_WITHOUT_GPU();
+  // Token 70 sits in the second 64-key block; 100 tokens end mid-block.
+  const AttentionShape s{2, 100, 2, 64};
+  constexpr int64_t kChanged = 70;
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -1.5, 1.5);
+  std::vector<double> changed = qkv;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t i = 0; i < 3 * s.channels(); ++i) {
+      changed[(b * s.seq + kChanged) * 3 * s.channels() + i] = 3.0;
+    }
+  }
+  for (const GpuConfig& config : kGpuConfigs) {
+    SCOPED_TRACE(config.name);
+    const CausalAttentionOptions options = OptionsOf(config, s);
+    ASSERT_OK_AND_ASSIGN(Forward before,
+                         RunForward(*gpu, config.dtype, s, qkv, options));
+    ASSERT_OK_AND_ASSIGN(Forward after,
+                         RunForward(*gpu, config.dtype, s, changed, options));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> out0,
+                         ToHost(*gpu, before.out.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> out1,
+                         ToHost(*gpu, after.out.view));
+    int64_t earlier_changes = 0;
+    int64_t later_changes = 0;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t t = 0; t < s.seq; ++t) {
+        for (int64_t i = 0; i < s.channels(); ++i) {
+          const int64_t at = (b * s.seq + t) * s.channels() + i;
+          const bool differs = out0[at] != out1[at];
+          (t < kChanged ? earlier_changes : later_changes) += differs ? 1 : 0;
+        }
+      }
+    }
+    // Masked probabilities are exactly 0, so earlier rows are bit-identical.
+    EXPECT_EQ(earlier_changes, 0);
+    EXPECT_GT(later_changes, s.batch * (s.seq - kChanged) * s.channels() / 2);
+  }
+}
+
+TEST(AttentionGpuWorkspaceTest, ReservedWorkspaceIsEnough) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s{2, 150, 3, 32};
+  const uint64_t seed = TestSeed();
+  for (const GpuConfig& config : kGpuConfigs) {
+    SCOPED_TRACE(config.name);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                         Context::Create(Device::Cuda(0)));
+    const CausalAttentionOptions options = OptionsOf(config, s);
+    const int64_t bytes =
+        CausalAttentionWorkspaceBytes(gpu->device(), config.dtype, s.batch,
+                                      s.seq, s.heads, s.head_dim, options);
+    EXPECT_GT(bytes, 0);
+    ASSERT_OK(gpu->ReserveWorkspace(bytes));
+    const int64_t reserved = gpu->workspace_bytes();
+    ASSERT_OK_AND_ASSIGN(
+        Results r,
+        RunBoth(*gpu, config.dtype, s, RandomValues(s.qkv_size(), seed, -1, 1),
+                RandomValues(s.out_size(), seed + 1, -1, 1), false, {},
+                options));
+    EXPECT_EQ(r.poisoned, 0);
+    EXPECT_EQ(gpu->workspace_bytes(), reserved);
+  }
+  // GPT-2 small's layer on the default (flash) path: only the backward's
+  // delta, batch * heads * seq floats.
+  EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
+                                          1024, 12, 64),
+            16 * 12 * 1024 * 4);
+}
+
+// bf16 tensors that are not 16-byte aligned: the default falls back to the
+// cuBLAS path (same results), an explicit kFlash is refused.
+TEST(AttentionGpuArgsTest, MisalignedBf16FallsBackToCublas) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s{1, 20, 2, 16};
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> cpu,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  const std::vector<double> qkv =
+      Rounded(DType::kBF16, RandomValues(s.qkv_size(), seed, -1.5, 1.5));
+  ASSERT_OK_AND_ASSIGN(
+      Results want,
+      RunBoth(*cpu, DType::kF64, s, qkv, std::vector<double>(s.out_size(), 0.0),
+              false, {}, CausalAttentionOptions()));
+  // qkv one element past an aligned start.
+  std::vector<double> shifted(s.qkv_size() + 1, 0.0);
+  std::copy(qkv.begin(), qkv.end(), shifted.begin() + 1);
+  ASSERT_OK_AND_ASSIGN(
+      OwnedTensor buffer,
+      FromHost(*gpu, DType::kBF16, {s.qkv_size() + 1}, shifted));
+  const Tensor misaligned =
+      Tensor::Of(static_cast<char*>(buffer.view.data) + DTypeSize(DType::kBF16),
+                 DType::kBF16, {s.rows(), 3 * s.channels()}, gpu->device());
+  ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(*gpu, DType::kBF16, s));
+
+  CausalAttentionOptions flash;
+  flash.kernel = AttentionKernel::kFlash;
+  const absl::Status refused = CausalAttentionForward(
+      *gpu, misaligned, s.batch, s.seq, s.heads, o.out.view, o.lse.view, flash);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  ExpectUntouched(*gpu, {&o.out.view, &o.lse.view});
+
+  ASSERT_OK(CausalAttentionForward(*gpu, misaligned, s.batch, s.seq, s.heads,
+                                   o.out.view, o.lse.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> out, ToHost(*gpu, o.out.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> lse, ToHost(*gpu, o.lse.view));
+  const Tolerances tol = TolerancesOf(DType::kBF16);
+  EXPECT_TRUE(AllClose(out, want.out, tol.out_atol, tol.out_rtol));
+  EXPECT_TRUE(AllClose(lse, want.lse, tol.lse_atol, tol.lse_rtol));
+}
+
+TEST(AttentionGpuArgsTest, RejectsBadArguments) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  for (const GpuConfig& config : kGpuConfigs) {
+    SCOPED_TRACE(config.name);
+    CheckCommonRejections(*gpu, config.dtype, OptionsOf(config, {2, 4, 2, 8}));
+  }
+  const uint64_t seed = TestSeed();
+  // Head dims the GPU kernels do not take: not a multiple of 8, above 128.
+  for (int64_t head_dim : {12, 4, 136}) {
+    const AttentionShape s{1, 3, 2, head_dim};
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor qkv,
+        FromHost(*gpu, DType::kBF16, {s.rows(), 3 * s.channels()},
+                 RandomValues(s.qkv_size(), seed, -1, 1)));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                         FromHost(*gpu, DType::kBF16, {s.rows(), s.channels()},
+                                  RandomValues(s.out_size(), seed, -1, 1)));
+    ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(*gpu, DType::kBF16, s));
+    ExpectRejected(*gpu, qkv.view, s.batch, s.seq, s.heads, o.out.view,
+                   o.lse.view, d_out.view, o.d_qkv.view,
+                   absl::StrCat("head_dim ", head_dim));
+  }
+  // f64 is not a GPU activation dtype; the flash kernels take bf16 only.
+  {
+    const AttentionShape s{1, 3, 1, 8};
+    for (DType dtype : {DType::kF64, DType::kF32}) {
+      ASSERT_OK_AND_ASSIGN(OwnedTensor qkv,
+                           FromHost(*gpu, dtype, {s.rows(), 3 * s.channels()},
+                                    RandomValues(s.qkv_size(), seed, -1, 1)));
+      ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                           FromHost(*gpu, dtype, {s.rows(), s.channels()},
+                                    RandomValues(s.out_size(), seed, -1, 1)));
+      ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(*gpu, dtype, s));
+      CausalAttentionOptions flash;
+      flash.kernel = AttentionKernel::kFlash;
+      ExpectRejected(*gpu, qkv.view, s.batch, s.seq, s.heads, o.out.view,
+                     o.lse.view, d_out.view, o.d_qkv.view,
+                     absl::StrCat(DTypeName(dtype), " with kFlash"), flash);
+    }
+  }
+  // Tensors on another device than the context.
+  {
+    const AttentionShape s{1, 3, 1, 8};
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> cpu,
+                         Context::Create(Device::Cpu()));
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor qkv,
+        FromHost(*cpu, DType::kF32, {s.rows(), 3 * s.channels()},
+                 RandomValues(s.qkv_size(), seed, -1, 1)));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                         FromHost(*gpu, DType::kF32, {s.rows(), s.channels()},
+                                  RandomValues(s.out_size(), seed, -1, 1)));
+    ASSERT_OK_AND_ASSIGN(Outputs o, PoisonedOutputs(*gpu, DType::kF32, s));
+    ExpectRejected(*gpu, qkv.view, s.batch, s.seq, s.heads, o.out.view,
+                   o.lse.view, d_out.view, o.d_qkv.view, "qkv on the CPU");
+  }
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace lossrt

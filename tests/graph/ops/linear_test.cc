@@ -1,0 +1,243 @@
+// Tests of the linear layer: the forward against plain double loops, the
+// backward against central differences (f64 on the CPU), GPU f32 and bf16
+// against the CPU in f64, and argument checks.
+#include "graph/ops/linear.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "runtime/context.h"
+#include "tests/gpu_test_util.h"
+#include "tests/graph/op_test_util.h"
+
+namespace lossrt {
+namespace {
+
+using test::AllClose;
+using test::FromHost;
+using test::NumericalGradient;
+using test::PoisonedTensor;
+using test::RandomValues;
+using test::ToHost;
+
+struct LinearCase {
+  int64_t rows, in, out;
+  bool bias;
+};
+
+// y = x w^T + b in double.
+std::vector<double> ReferenceForward(const LinearCase& c,
+                                     const std::vector<double>& x,
+                                     const std::vector<double>& w,
+                                     const std::vector<double>& b) {
+  std::vector<double> y(c.rows * c.out);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t o = 0; o < c.out; ++o) {
+      double sum = c.bias ? b[o] : 0.0;
+      for (int64_t i = 0; i < c.in; ++i)
+        sum += x[r * c.in + i] * w[o * c.in + i];
+      y[r * c.out + o] = sum;
+    }
+  }
+  return y;
+}
+
+struct Operands {
+  std::vector<double> x, w, b, dy;
+};
+
+Operands RandomOperands(const LinearCase& c, uint64_t seed) {
+  return {RandomValues(c.rows * c.in, seed, -1, 1),
+          RandomValues(c.out * c.in, seed + 1, -1, 1),
+          RandomValues(c.out, seed + 2, -1, 1),
+          RandomValues(c.rows * c.out, seed + 3, -1, 1)};
+}
+
+struct Gradients {
+  std::vector<double> dx, dw, db;
+};
+
+// Runs forward and backward on `context` in `dtype`, starting from the given
+// gradient contents (accumulate mode when `start` has values).
+absl::StatusOr<std::pair<std::vector<double>, Gradients>> RunLinear(
+    Context& context, DType dtype, const LinearCase& c, const Operands& v,
+    bool accumulate, const Gradients& start) {
+  const DType acc = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  ASSIGN_OR_RETURN(OwnedTensor x,
+                   FromHost(context, dtype, {c.rows, c.in}, v.x));
+  ASSIGN_OR_RETURN(OwnedTensor w, FromHost(context, dtype, {c.out, c.in}, v.w));
+  ASSIGN_OR_RETURN(OwnedTensor b, FromHost(context, dtype, {c.out}, v.b));
+  ASSIGN_OR_RETURN(OwnedTensor dy,
+                   FromHost(context, dtype, {c.rows, c.out}, v.dy));
+  ASSIGN_OR_RETURN(OwnedTensor y,
+                   PoisonedTensor(context, dtype, {c.rows, c.out}));
+  OwnedTensor dx, dw, db;
+  if (accumulate) {
+    ASSIGN_OR_RETURN(dx, FromHost(context, dtype, {c.rows, c.in}, start.dx));
+  } else {
+    ASSIGN_OR_RETURN(dx, PoisonedTensor(context, dtype, {c.rows, c.in}));
+  }
+  ASSIGN_OR_RETURN(dw, FromHost(context, acc, {c.out, c.in}, start.dw));
+  ASSIGN_OR_RETURN(db, FromHost(context, acc, {c.out}, start.db));
+  RETURN_IF_ERROR(ops::LinearForward(context, x.view, w.view,
+                                     c.bias ? &b.view : nullptr, y.view));
+  RETURN_IF_ERROR(ops::LinearBackward(context, x.view, w.view, dy.view,
+                                      &dx.view, accumulate, dw.view,
+                                      c.bias ? &db.view : nullptr));
+  Gradients g;
+  ASSIGN_OR_RETURN(std::vector<double> y_host, ToHost(context, y.view));
+  ASSIGN_OR_RETURN(g.dx, ToHost(context, dx.view));
+  ASSIGN_OR_RETURN(g.dw, ToHost(context, dw.view));
+  ASSIGN_OR_RETURN(g.db, ToHost(context, db.view));
+  return std::make_pair(y_host, g);
+}
+
+Gradients StartGradients(const LinearCase& c, uint64_t seed) {
+  return {RandomValues(c.rows * c.in, seed + 10, -1, 1),
+          RandomValues(c.out * c.in, seed + 11, -1, 1),
+          RandomValues(c.out, seed + 12, -1, 1)};
+}
+
+class LinearCpuTest : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(LinearCpuTest, MatchesReferenceAndFiniteDifferences) {
+  const LinearCase c = GetParam();
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  Operands v = RandomOperands(c, seed);
+  for (bool accumulate : {false, true}) {
+    const Gradients start = StartGradients(c, seed);
+    ASSERT_OK_AND_ASSIGN(
+        auto result, RunLinear(*context, DType::kF64, c, v, accumulate, start));
+    EXPECT_TRUE(AllClose(result.first, ReferenceForward(c, v.x, v.w, v.b),
+                         1e-12, 1e-12));
+    // The objective sum(y * dy) has gradients dx, dw, db.
+    auto objective = [&] {
+      const std::vector<double> y = ReferenceForward(c, v.x, v.w, v.b);
+      double sum = 0;
+      for (size_t i = 0; i < y.size(); ++i) sum += y[i] * v.dy[i];
+      return sum;
+    };
+    std::vector<double> dx = NumericalGradient(objective, v.x, 1e-6);
+    std::vector<double> dw = NumericalGradient(objective, v.w, 1e-6);
+    std::vector<double> db = NumericalGradient(objective, v.b, 1e-6);
+    for (size_t i = 0; i < dx.size() && accumulate; ++i) dx[i] += start.dx[i];
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] += start.dw[i];
+    for (size_t i = 0; i < db.size(); ++i) {
+      db[i] = c.bias ? db[i] + start.db[i] : start.db[i];
+    }
+    EXPECT_TRUE(AllClose(result.second.dx, dx, 1e-7, 1e-7)) << accumulate;
+    EXPECT_TRUE(AllClose(result.second.dw, dw, 1e-7, 1e-7)) << accumulate;
+    EXPECT_TRUE(AllClose(result.second.db, db, 1e-7, 1e-7)) << accumulate;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearCpuTest,
+                         ::testing::Values(LinearCase{1, 1, 1, true},
+                                           LinearCase{5, 3, 4, true},
+                                           LinearCase{7, 8, 2, false},
+                                           LinearCase{16, 12, 20, true}));
+
+class LinearGpuTest : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(LinearGpuTest, MatchesCpuInDouble) {
+  SKIP_WITHOUT_GPU();
+  const LinearCase c = GetParam();
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> cpu,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  const Operands v = RandomOperands(c, seed);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    // bf16 operands: round them first, so that only the arithmetic differs.
+    Operands rounded = v;
+    if (dtype == DType::kBF16) {
+      for (auto* values : {&rounded.x, &rounded.w, &rounded.b, &rounded.dy}) {
+        for (double& value : *values) {
+          value = Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
+        }
+      }
+    }
+    for (bool accumulate : {false, true}) {
+      const Gradients start = StartGradients(c, seed);
+      ASSERT_OK_AND_ASSIGN(auto want, RunLinear(*cpu, DType::kF64, c, rounded,
+                                                accumulate, start));
+      ASSERT_OK_AND_ASSIGN(
+          auto got, RunLinear(*gpu, dtype, c, rounded, accumulate, start));
+      // f32 GEMMs accumulate in fp32; bf16 outputs round to 8 bits.
+      const double tol = dtype == DType::kF32 ? 1e-4 : 2e-2;
+      const double scale = std::sqrt(static_cast<double>(c.in + c.rows));
+      EXPECT_TRUE(AllClose(got.first, want.first, tol * scale, tol))
+          << DTypeName(dtype);
+      EXPECT_TRUE(AllClose(got.second.dx, want.second.dx, tol * scale, tol))
+          << DTypeName(dtype) << " accumulate " << accumulate;
+      // Parameter gradients are fp32 in both cases.
+      EXPECT_TRUE(AllClose(got.second.dw, want.second.dw, 1e-4 * scale, 1e-4))
+          << DTypeName(dtype);
+      EXPECT_TRUE(AllClose(got.second.db, want.second.db, 1e-4 * scale, 1e-4))
+          << DTypeName(dtype);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearGpuTest,
+                         ::testing::Values(LinearCase{1, 8, 8, true},
+                                           LinearCase{37, 24, 40, true},
+                                           LinearCase{300, 64, 96, false},
+                                           LinearCase{1024, 768, 2304, true}));
+
+TEST(LinearTest, RejectsBadArguments) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                       PoisonedTensor(*context, DType::kF32, {4, 3}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor w,
+                       PoisonedTensor(*context, DType::kF32, {5, 3}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor w_bad,
+                       PoisonedTensor(*context, DType::kF32, {5, 2}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor w_f64,
+                       PoisonedTensor(*context, DType::kF64, {5, 3}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y,
+                       PoisonedTensor(*context, DType::kF32, {4, 5}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y_bad,
+                       PoisonedTensor(*context, DType::kF32, {4, 4}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor bias_bad,
+                       PoisonedTensor(*context, DType::kF32, {4}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x_i32,
+                       PoisonedTensor(*context, DType::kI32, {4, 3}));
+  auto code = [](const absl::Status& status) { return status.code(); };
+  EXPECT_EQ(
+      code(ops::LinearForward(*context, x.view, w_bad.view, nullptr, y.view)),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code(ops::LinearForward(*context, x.view, w_f64.view, nullptr, y.view)),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code(ops::LinearForward(*context, x.view, w.view, nullptr, y_bad.view)),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ops::LinearForward(*context, x.view, w.view, &bias_bad.view,
+                                    y.view)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code(ops::LinearForward(*context, x_i32.view, w.view, nullptr, y.view)),
+      absl::StatusCode::kInvalidArgument);
+  Tensor null_x = x.view;
+  null_x.data = nullptr;
+  EXPECT_EQ(code(ops::LinearForward(*context, null_x, w.view, nullptr, y.view)),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing was written by the failed calls.
+  ASSERT_OK_AND_ASSIGN(int64_t poisoned, test::CountPoison(*context, y.view));
+  EXPECT_EQ(poisoned, y.view.numel());
+  // The parameter gradients must be in the accumulator dtype.
+  EXPECT_EQ(code(ops::LinearBackward(*context, x.view, w.view, y.view, nullptr,
+                                     false, w_f64.view, nullptr)),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lossrt

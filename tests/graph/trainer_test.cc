@@ -1,0 +1,201 @@
+// Tests of the trainer: checkpoints resume exactly (the same losses as an
+// uninterrupted run), gradient accumulation matches one large batch, the
+// checkpoint files are valid safetensors, and sampling is deterministic.
+#include "graph/trainer.h"
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "graph/sampling.h"
+#include "gtest/gtest.h"
+#include "runtime/safetensors.h"
+#include "tests/gpu_test_util.h"
+#include "tests/graph/op_test_util.h"
+
+namespace lossrt {
+namespace graph {
+namespace {
+
+namespace fs = std::filesystem;
+
+GptConfig SmallConfig() {
+  GptConfig config;
+  config.layers = 2;
+  config.heads = 2;
+  config.width = 32;
+  config.context = 16;
+  config.vocab = 64;
+  return config;
+}
+
+std::vector<int32_t> Tokens(int64_t count, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::vector<int32_t> tokens(count);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(engine() % 64);
+  return tokens;
+}
+
+TrainerOptions Options(int64_t micro_batches = 1) {
+  TrainerOptions options;
+  options.schedule = {2e-3f, 2e-4f, 2, 8};
+  options.micro_batches = micro_batches;
+  return options;
+}
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+TEST(TrainerTest, ResumeGivesTheSameLosses) {
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  const BatchShape shape{2, 16};
+  auto batch = [&](int step, uint64_t salt) {
+    return Tokens(shape.rows(), seed + 100 * step + salt);
+  };
+  // Uninterrupted: 8 steps.
+  std::vector<float> straight;
+  {
+    ASSERT_OK_AND_ASSIGN(
+        auto model, Gpt::Create(*context, SmallConfig(), shape, DType::kF32,
+                                GptHead::kFusedLoss));
+    ASSERT_OK(model->Initialize(seed));
+    ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options()));
+    for (int step = 0; step < 8; ++step) {
+      ASSERT_OK_AND_ASSIGN(auto stats,
+                           trainer->Step(batch(step, 1), batch(step, 2)));
+      straight.push_back(stats.loss);
+    }
+  }
+  // 4 steps, a checkpoint, and 4 more steps in a fresh model and trainer.
+  const fs::path dir = TempDir("resume");
+  {
+    ASSERT_OK_AND_ASSIGN(
+        auto model, Gpt::Create(*context, SmallConfig(), shape, DType::kF32,
+                                GptHead::kFusedLoss));
+    ASSERT_OK(model->Initialize(seed));
+    ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options()));
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_OK_AND_ASSIGN(auto stats,
+                           trainer->Step(batch(step, 1), batch(step, 2)));
+      EXPECT_EQ(stats.loss, straight[step]);
+    }
+    ASSERT_OK_AND_ASSIGN(std::string folder,
+                         trainer->Save(dir.string(), {{"data_position", "4"}}));
+    EXPECT_TRUE(fs::exists(fs::path(folder) / "model.safetensors"));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(
+        auto model, Gpt::Create(*context, SmallConfig(), shape, DType::kF32,
+                                GptHead::kFusedLoss));
+    ASSERT_OK(model->Initialize(seed + 999));  // overwritten by the load
+    ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options()));
+    ASSERT_OK_AND_ASSIGN(auto extra, trainer->Load(dir.string()));
+    EXPECT_EQ(extra["data_position"], "4");
+    EXPECT_EQ(trainer->step(), 4);
+    for (int step = 4; step < 8; ++step) {
+      ASSERT_OK_AND_ASSIGN(auto stats,
+                           trainer->Step(batch(step, 1), batch(step, 2)));
+      EXPECT_EQ(stats.loss, straight[step]) << "step " << step;
+    }
+  }
+  // No temporary folders are left behind, and `latest` names the checkpoint.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos)
+        << entry.path();
+  }
+  ASSERT_OK_AND_ASSIGN(std::string latest, LatestCheckpoint(dir.string()));
+  EXPECT_EQ(fs::path(latest).filename(), "step-00000004");
+}
+
+TEST(TrainerTest, CheckpointHoldsNamedWeightsAndConfig) {
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  GptConfig config = SmallConfig();
+  config.tied_head = false;
+  config.norm = NormKind::kRmsNorm;
+  ASSERT_OK_AND_ASSIGN(
+      auto model,
+      Gpt::Create(*context, config, {1, 8}, DType::kF32, GptHead::kFusedLoss));
+  ASSERT_OK(model->Initialize(seed));
+  ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options()));
+  const fs::path dir = TempDir("named");
+  ASSERT_OK_AND_ASSIGN(std::string folder, trainer->Save(dir.string(), {}));
+  ASSERT_OK_AND_ASSIGN(SafetensorsFile file,
+                       SafetensorsFile::Read(folder + "/model.safetensors"));
+  ASSERT_OK_AND_ASSIGN(auto wte, file.Find("transformer.wte.weight"));
+  EXPECT_EQ(wte.shape, (Shape{64, 32}));
+  ASSERT_OK_AND_ASSIGN(auto qkv,
+                       file.Find("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_EQ(qkv.shape, (Shape{96, 32}));
+  EXPECT_TRUE(file.Find("lm_head.weight").ok());
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<double> values,
+      test::ToHost(*context,
+                   model->graph().master(model->named_parameters()[0].value)));
+  EXPECT_EQ(
+      static_cast<double>(reinterpret_cast<const float*>(wte.bytes.data())[5]),
+      values[5]);
+  ASSERT_OK_AND_ASSIGN(GptConfig saved, ReadCheckpointConfig(folder));
+  EXPECT_EQ(GptConfigToMetadata(saved), GptConfigToMetadata(config));
+  // A model of another shape refuses the checkpoint.
+  GptConfig other = config;
+  other.width = 64;
+  ASSERT_OK_AND_ASSIGN(
+      auto wrong,
+      Gpt::Create(*context, other, {1, 8}, DType::kF32, GptHead::kFusedLoss));
+  ASSERT_OK_AND_ASSIGN(auto wrong_trainer, Trainer::Create(*wrong, Options()));
+  EXPECT_EQ(wrong_trainer->Load(folder).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TrainerTest, MicroBatchesMatchOneBatch) {
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  const std::vector<int32_t> ids = Tokens(64, seed + 1);
+  const std::vector<int32_t> targets = Tokens(64, seed + 2);
+  std::vector<float> norms;
+  for (auto [batch, micro] : {std::pair<int64_t, int64_t>{4, 1}, {2, 2}}) {
+    ASSERT_OK_AND_ASSIGN(auto model,
+                         Gpt::Create(*context, SmallConfig(), {batch, 16},
+                                     DType::kF32, GptHead::kFusedLoss));
+    ASSERT_OK(model->Initialize(seed));
+    ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options(micro)));
+    ASSERT_OK_AND_ASSIGN(auto stats, trainer->Step(ids, targets));
+    norms.push_back(stats.grad_norm);
+  }
+  // The mean over two halves of equal size is the mean over the whole.
+  EXPECT_NEAR(norms[0], norms[1], 1e-4 * norms[0]);
+}
+
+TEST(TrainerTest, SamplingIsDeterministic) {
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(auto model, Gpt::Create(*context, SmallConfig(), {1, 16},
+                                               DType::kF32, GptHead::kLogits));
+  ASSERT_OK(model->Initialize(seed));
+  SamplingOptions options;
+  options.top_k = 5;
+  options.seed = seed;
+  ASSERT_OK_AND_ASSIGN(auto a, Sample(*model, {1, 2, 3}, 20, options));
+  ASSERT_OK_AND_ASSIGN(auto b, Sample(*model, {1, 2, 3}, 20, options));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), 20u);
+  for (int32_t token : a) {
+    EXPECT_GE(token, 0);
+    EXPECT_LT(token, 64);
+  }
+  EXPECT_FALSE(Sample(*model, {}, 5, options).ok());
+}
+
+}  // namespace
+}  // namespace graph
+}  // namespace lossrt
