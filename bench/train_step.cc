@@ -48,6 +48,8 @@ ABSL_FLAG(int32_t, steps, 20, "Timed steps (the median is reported).");
 ABSL_FLAG(double, peak_tflops, 989.0,
           "Datasheet dense bf16 peak of the GPU (H100/H200 SXM: 989).");
 ABSL_FLAG(bool, profile, true, "Print a per-op time breakdown of one step.");
+ABSL_FLAG(bool, cuda_graph, true,
+          "Replay each step's forward and backward from a CUDA graph.");
 ABSL_FLAG(std::string, json, "", "Append one JSON line per head here.");
 
 namespace lossrt {
@@ -91,8 +93,7 @@ struct Result {
 
 // Per node type: milliseconds of forward and backward in one step, timed
 // with events around every node (which serializes nothing: events only).
-absl::Status ProfileStep(Gpt& model, Trainer& trainer,
-                         const std::vector<int32_t>& ids,
+absl::Status ProfileStep(Gpt& model, const std::vector<int32_t>& ids,
                          const std::vector<int32_t>& targets) {
   graph::Graph& g = model.graph();
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(g.context()));
@@ -116,8 +117,12 @@ absl::Status ProfileStep(Gpt& model, Trainer& trainer,
   cudaEvent_t step_begin, step_end;
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_begin));
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_end));
+  // One eager forward and backward (a replayed CUDA graph would not call
+  // the observer); the optimizer is not part of it.
+  RETURN_IF_ERROR(g.SetInput(model.ids(), ids));
+  RETURN_IF_ERROR(g.SetInput(model.targets(), targets));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(step_begin, stream));
-  const absl::Status status = trainer.Step(ids, targets).status();
+  const absl::Status status = g.ForwardBackward(/*use_cuda_graph=*/false);
   CUDA_RETURN_IF_ERROR(cudaEventRecord(step_end, stream));
   g.set_node_observer(nullptr);
   RETURN_IF_ERROR(status);
@@ -162,6 +167,8 @@ absl::StatusOr<Result> RunHead(const std::string& head, double gemm_tflops) {
                                 absl::GetFlag(FLAGS_seq)};
   LinearCrossEntropyOptions options;
   options.cross_entropy.validate_targets = false;
+  // One stream: a captured graph records no side stream.
+  options.overlap_streams = !absl::GetFlag(FLAGS_cuda_graph);
   ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
                    Gpt::Create(*context, config, shape, DType::kBF16,
                                head == "fused" ? graph::GptHead::kFusedLoss
@@ -170,6 +177,7 @@ absl::StatusOr<Result> RunHead(const std::string& head, double gemm_tflops) {
   RETURN_IF_ERROR(model->Initialize(1234));
   graph::TrainerOptions trainer_options;
   trainer_options.schedule = {6e-4f, 6e-5f, 10, 1000};
+  trainer_options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                    Trainer::Create(*model, trainer_options));
   // Random tokens below GPT-2's 50257, as the PyTorch reference draws them.
@@ -212,14 +220,15 @@ absl::StatusOr<Result> RunHead(const std::string& head, double gemm_tflops) {
   result.mfu = tflops / absl::GetFlag(FLAGS_peak_tflops);
   result.gemm_fraction = tflops / gemm_tflops;
   std::printf(
-      "%s head: %.2f ms/step, %.1fK tokens/s, peak %.2f GB, %.1f TFLOP/s = "
+      "%s head%s: %.2f ms/step, %.1fK tokens/s, peak %.2f GB, %.1f TFLOP/s = "
       "MFU %.1f%% of %.0f, %.1f%% of the measured GEMM rate; loss %.3f\n",
-      head.c_str(), result.step_ms, result.tokens_per_s / 1e3, result.peak_gb,
-      tflops, 100 * result.mfu, absl::GetFlag(FLAGS_peak_tflops),
+      head.c_str(), model->graph().has_cuda_graph() ? " (CUDA graph)" : "",
+      result.step_ms, result.tokens_per_s / 1e3, result.peak_gb, tflops,
+      100 * result.mfu, absl::GetFlag(FLAGS_peak_tflops),
       100 * result.gemm_fraction, result.loss);
   if (absl::GetFlag(FLAGS_profile)) {
     draw();
-    RETURN_IF_ERROR(ProfileStep(*model, *trainer, ids, targets));
+    RETURN_IF_ERROR(ProfileStep(*model, ids, targets));
   }
   return result;
 }

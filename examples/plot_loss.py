@@ -21,7 +21,10 @@ def main(src, dst, title="train_lm: loss"):
     losses = [v for _, v in train + val]
     lo, hi = math.floor(min(losses)), math.ceil(max(losses))
     steps = [s for s, _ in train]
-    step_tick = max(1, round((max(steps) - min(steps)) / 5))
+    # A round tick spacing (1, 2 or 5 times a power of ten), about five ticks.
+    raw = max(1, (max(steps) - min(steps)) / 5)
+    power = 10 ** math.floor(math.log10(raw))
+    step_tick = int(min((m * power for m in (1, 2, 5, 10) if m * power >= raw)))
     x_ticks = [(s, str(s)) for s in range(0, max(steps) + 1, step_tick)]
     y_ticks = [(v, str(v)) for v in range(lo, hi + 1)]
     series = [("train loss", train)] + ([("validation loss", val)] if val else [])

@@ -11,6 +11,11 @@
 #include "graph/ops/elementwise.h"
 #include "runtime/status.h"
 
+#ifdef LOSSRT_WITH_CUDA
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#endif
+
 namespace lossrt {
 namespace graph {
 namespace {
@@ -115,7 +120,13 @@ Tensor NodeRun::loss_scale() const { return graph_.loss_scale_.view; }
 
 Graph::Graph(DType activation_dtype) : activation_dtype_(activation_dtype) {}
 
-Graph::~Graph() = default;
+Graph::~Graph() {
+#ifdef LOSSRT_WITH_CUDA
+  if (cuda_graph_exec_ != nullptr) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(cuda_graph_exec_));
+  }
+#endif
+}
 
 DType Graph::accumulator_dtype() const {
   return activation_dtype_ == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -627,6 +638,50 @@ absl::Status Graph::Backward() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Graph::ForwardBackward(bool use_cuda_graph) {
+  if (context_ == nullptr) {
+    return absl::FailedPreconditionError("ForwardBackward before Compile");
+  }
+  if (!use_cuda_graph || !context_->device().is_cuda()) {
+    RETURN_IF_ERROR(Forward(/*training=*/true));
+    return Backward();
+  }
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(*context_));
+  if (cuda_graph_exec_ == nullptr) {
+    // Relaxed: a call the capture cannot record (none is expected) runs
+    // instead of invalidating the capture.
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    absl::Status status = Forward(/*training=*/true);
+    if (status.ok()) status = Backward();
+    cudaGraph_t captured = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &captured);
+    if (status.ok() && end != cudaSuccess) {
+      status = CudaStatus(end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    cudaGraphExec_t exec = nullptr;
+    if (status.ok()) {
+      const cudaError_t made = cudaGraphInstantiate(&exec, captured, 0);
+      if (made != cudaSuccess) {
+        status = CudaStatus(made, "cudaGraphInstantiate", __FILE__, __LINE__);
+      }
+    }
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    if (!status.ok()) {
+      cudaGetLastError();  // a failed capture leaves a sticky-free error
+      return status;
+    }
+    cuda_graph_exec_ = exec;
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(cuda_graph_exec_), stream));
+  return absl::OkStatus();
+#else
+  return absl::UnavailableError("CUDA graphs: built without CUDA");
+#endif
 }
 
 absl::Status Graph::SetLossScale(float scale) {

@@ -195,6 +195,16 @@ class Graph {
   absl::Status Forward(bool training);
   // Runs every node backward, accumulating into the parameter gradients.
   absl::Status Backward();
+  // Forward(true) then Backward(). With `use_cuda_graph` on a GPU the pair is
+  // captured into a CUDA graph on the first call and replayed after that, so
+  // a step costs one launch instead of hundreds; every node reads its inputs,
+  // the loss scale and its parameters from device memory at replay time, so
+  // SetInput, SetLossScale and optimizer steps between calls stay valid. The
+  // nodes must not allocate, synchronize or read back during the capture
+  // (ops with such checks take them off in the graph: ids and targets are
+  // checked by SetInput).
+  absl::Status ForwardBackward(bool use_cuda_graph);
+  bool has_cuda_graph() const { return cuda_graph_exec_ != nullptr; }
   // The gradient of the loss fed to the heads: 1 / micro-batches when
   // accumulating.
   absl::Status SetLossScale(float scale);
@@ -250,6 +260,7 @@ class Graph {
   int64_t workspace_bytes_ = 0;
   OwnedTensor loss_scale_;
   NodeObserver observer_;
+  void* cuda_graph_exec_ = nullptr;  // cudaGraphExec_t
   // Backward bookkeeping: which activation gradients have been written.
   std::vector<bool> grad_written_;
 };

@@ -31,9 +31,10 @@ class EmbeddingNode final : public Node {
   // inputs: ids, token_table[, position_table]
   absl::Status Forward(NodeRun& run, bool) override {
     const Tensor positions = with_positions_ ? run.input(2) : Tensor();
+    // Graph::SetInput checked the ids on the host.
     return ops::EmbeddingForward(run.context(), run.input(0), run.input(1),
                                  with_positions_ ? &positions : nullptr, seq_,
-                                 run.output(0));
+                                 run.output(0), /*check_ids=*/false);
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* d_table = run.input_grad(1);
@@ -41,7 +42,7 @@ class EmbeddingNode final : public Node {
     RETURN_IF_ERROR(NeedsGrad("Embedding", d_table));
     return ops::EmbeddingBackward(run.context(), run.input(0),
                                   run.output_grad(0), seq_, *d_table,
-                                  d_positions);
+                                  d_positions, /*check_ids=*/false);
   }
 
  private:

@@ -1,6 +1,7 @@
 // The trainer: micro-batch accumulation, AdamW steps and checkpoints.
 #include "graph/trainer.h"
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -147,8 +148,20 @@ absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.SetInput(model_.ids(), ids));
   RETURN_IF_ERROR(graph.SetInput(model_.targets(), targets));
-  RETURN_IF_ERROR(graph.Forward(/*training=*/true));
-  RETURN_IF_ERROR(graph.Backward());
+  // The first step runs eagerly: it creates the cuBLASLt plans and fills the
+  // allocator's cache that the captured graph then reuses.
+  const bool use_graph =
+      options_.cuda_graph && !cuda_graph_failed_ && step_ >= 1;
+  absl::Status status = graph.ForwardBackward(use_graph);
+  if (!status.ok() && use_graph && !graph.has_cuda_graph()) {
+    std::fprintf(stderr,
+                 "trainer: capturing a CUDA graph failed (%s); running the "
+                 "nodes one by one\n",
+                 status.ToString().c_str());
+    cuda_graph_failed_ = true;
+    status = graph.ForwardBackward(false);
+  }
+  RETURN_IF_ERROR(status);
   ASSIGN_OR_RETURN(*loss, graph.ReadScalar(model_.loss()));
   return absl::OkStatus();
 }

@@ -40,6 +40,10 @@ struct TrainerOptions {
   optim::AdamWOptions adamw;
   optim::LrSchedule schedule;
   int64_t micro_batches = 1;  // gradient accumulation
+  // GPU: replay each micro-batch's forward and backward from a CUDA graph
+  // captured at the second step (Graph::ForwardBackward). If the capture
+  // fails the trainer says so once and runs the nodes one by one.
+  bool cuda_graph = false;
 };
 
 class Trainer {
@@ -83,6 +87,7 @@ class Trainer {
   Gpt& model_;
   TrainerOptions options_;
   int64_t step_ = 0;
+  bool cuda_graph_failed_ = false;
   OwnedTensor m_, v_, norm_;
 };
 

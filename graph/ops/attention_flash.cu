@@ -10,12 +10,13 @@
 // and dO go to shared memory by cp.async; warps multiply with
 // mma.sync.m16n8k16 (bf16 x bf16 -> fp32) fed by ldmatrix. Fragment layouts
 // (PTX ISA, "matrix fragments for mma.m16n8k16"), with lane = 4 g + t:
-//   A, 16 x 16 row-major, 4 registers of 2 bf16 (the lower column in the low
-//     half): a0 = (row g, cols 2t, 2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t
-//     + 8..), a3 = (g + 8, 2t + 8..);
-//   B, 16 x 8 (k x n), 2 registers: b0 = (k 2t, 2t+1; n g), b1 = (k 2t + 8..; n
-//   g); C, 16 x 8 fp32, 4 floats: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (g
-//   + 8, ..).
+//   A (16 x 16, row-major): 4 registers of 2 bf16 each, the lower column in
+//     the low half: a0 = (row g, cols 2t, 2t + 1), a1 = (row g + 8, same),
+//     a2 = (row g, cols 2t + 8, 2t + 9), a3 = (row g + 8, same).
+//   B (16 x 8, k x n): 2 registers: b0 = (k 2t, 2t + 1; n g),
+//     b1 = (k 2t + 8, 2t + 9; n g).
+//   C (16 x 8, fp32): 4 floats: c0, c1 = (row g, cols 2t, 2t + 1),
+//     c2, c3 = (row g + 8, same).
 // So the C fragments of two adjacent 8-column tiles, packed to bf16 pairs, are
 // exactly the A fragment of a 16-wide k step: probabilities go from one
 // product into the next without leaving registers (FlashAttention-2's trick).
@@ -467,13 +468,14 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 // Backward, dQ: one block per (64-query block, batch, head) over the key
 // blocks up to the diagonal: P = exp(S - lse), dP = dO V^T,
-// dS = P (dP - delta), dQ += dS K; dQ * scale is stored at the end.
+// dS = P (dP - delta), dQ += dS K; dQ * scale is stored at the end. K and V
+// tiles are double-buffered: block j + 1 streams in while block j is used.
 
 constexpr int kDqBlockQ = 64;
 
 template <int kD, int kBlockK>
 constexpr int DqSmemBytes() {
-  return (2 * kDqBlockQ + 2 * kBlockK) * (kD + kPad) *
+  return (2 * kDqBlockQ + 4 * kBlockK) * (kD + kPad) *
          static_cast<int>(sizeof(bf16));
 }
 
@@ -481,11 +483,12 @@ template <int kD, int kBlockK>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardDqKernel(const Problem p) {
   constexpr int kStride = kD + kPad;
+  constexpr int kKvTile = kBlockK * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* q_tile = reinterpret_cast<bf16*>(smem);  // [kDqBlockQ, kStride]
-  bf16* do_tile = q_tile + kDqBlockQ * kStride;  // [kDqBlockQ, kStride]
-  bf16* k_tile = do_tile + kDqBlockQ * kStride;  // [kBlockK, kStride]
-  bf16* v_tile = k_tile + kBlockK * kStride;     // [kBlockK, kStride]
+  bf16* q_tile = reinterpret_cast<bf16*>(smem);   // [kDqBlockQ, kStride]
+  bf16* do_tile = q_tile + kDqBlockQ * kStride;   // [kDqBlockQ, kStride]
+  bf16* k_tiles = do_tile + kDqBlockQ * kStride;  // [2][kBlockK, kStride]
+  bf16* v_tiles = k_tiles + 2 * kKvTile;          // [2][kBlockK, kStride]
 
   const int num_q_blocks = (p.seq + kDqBlockQ - 1) / kDqBlockQ;
   const int q_block =
@@ -511,6 +514,9 @@ __global__ void __launch_bounds__(kThreads)
   LoadTile<kDqBlockQ, kD>(q_tile, q_src, p.ld_qkv, q0, p.seq, p.head_dim);
   LoadTile<kDqBlockQ, kD>(do_tile, do_src, p.channels, q0, p.seq, p.head_dim);
   CpAsyncCommit();
+  LoadTile<kBlockK, kD>(k_tiles, k_src, p.ld_qkv, 0, p.seq, p.head_dim);
+  LoadTile<kBlockK, kD>(v_tiles, v_src, p.ld_qkv, 0, p.seq, p.head_dim);
+  CpAsyncCommit();
 
   // This lane's rows (g and g + 8 of the warp): base-2 lse and delta; 0 past
   // seq (those rows are masked).
@@ -525,7 +531,7 @@ __global__ void __launch_bounds__(kThreads)
     delta[r] = query < p.seq ? p.delta[at] : 0.0f;
   }
 
-  CpAsyncWait<0>();
+  CpAsyncWait<1>();  // Q and dO have landed (K_0, V_0 may be in flight)
   __syncthreads();
   uint32_t q_frag[kD / 16][4];
   uint32_t do_frag[kD / 16][4];
@@ -541,11 +547,20 @@ __global__ void __launch_bounds__(kThreads)
   Zero(dq);
   for (int j = 0; j < num_k_blocks; ++j) {
     const int k0 = j * kBlockK;
-    LoadTile<kBlockK, kD>(k_tile, k_src, p.ld_qkv, k0, p.seq, p.head_dim);
-    CpAsyncCommit();
-    LoadTile<kBlockK, kD>(v_tile, v_src, p.ld_qkv, k0, p.seq, p.head_dim);
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // K_j has landed (V_j may be in flight)
+    const bf16* k_tile = k_tiles + (j % 2) * kKvTile;
+    const bf16* v_tile = v_tiles + (j % 2) * kKvTile;
+    if (j + 1 < num_k_blocks) {
+      // The other buffer was last read in iteration j - 1, which ended with a
+      // barrier.
+      LoadTile<kBlockK, kD>(k_tiles + ((j + 1) % 2) * kKvTile, k_src, p.ld_qkv,
+                            k0 + kBlockK, p.seq, p.head_dim);
+      LoadTile<kBlockK, kD>(v_tiles + ((j + 1) % 2) * kKvTile, v_src, p.ld_qkv,
+                            k0 + kBlockK, p.seq, p.head_dim);
+      CpAsyncCommit();
+      CpAsyncWait<1>();  // K_j and V_j have landed (block j + 1 in flight)
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
 
     // P = 2^(S scale log2(e) - lse log2(e)), 0 where masked.
@@ -568,8 +583,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-    CpAsyncWait<0>();  // V_j has landed
-    __syncthreads();
     float dp[kBlockK / 8][4];
     Zero(dp);
     MmaRegTimesRowsT<kD, kBlockK, kStride>(dp, do_frag, v_tile, lane);
@@ -594,28 +607,46 @@ __global__ void __launch_bounds__(kThreads)
 // Backward, dK and dV: one block per (64-key block, batch, head) over the
 // query blocks from the diagonal on, in the transposed orientation (each warp
 // owns 16 keys): P^T = exp(K Q^T scale - lse), dV += P^T dO,
-// dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
+// dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q. Q, dO, lse and
+// delta of the query blocks are double-buffered.
 
 constexpr int kDkvBlockK = 64;
 
 template <int kD, int kBlockQ>
 constexpr int DkvSmemBytes() {
-  return (2 * kDkvBlockK + 2 * kBlockQ) * (kD + kPad) *
+  return (2 * kDkvBlockK + 4 * kBlockQ) * (kD + kPad) *
              static_cast<int>(sizeof(bf16)) +
-         2 * kBlockQ * static_cast<int>(sizeof(float));
+         4 * kBlockQ * static_cast<int>(sizeof(float));
+}
+
+// Query block i's Q and dO tiles (cp.async, not committed) and its base-2 lse
+// and delta (plain stores; 0 past seq) into one of the two buffers.
+template <int kD, int kBlockQ>
+__device__ __forceinline__ void LoadQueryBlock(
+    const Problem& p, const bf16* q_src, const bf16* do_src, int bh, int q0,
+    bf16* q_tile, bf16* do_tile, float* lse2, float* delta) {
+  LoadTile<kBlockQ, kD>(q_tile, q_src, p.ld_qkv, q0, p.seq, p.head_dim);
+  LoadTile<kBlockQ, kD>(do_tile, do_src, p.channels, q0, p.seq, p.head_dim);
+  for (int c = threadIdx.x; c < kBlockQ; c += kThreads) {
+    const int query = q0 + c;
+    const int64_t at = static_cast<int64_t>(bh) * p.seq + query;
+    lse2[c] = query < p.seq ? p.lse[at] * kLog2e : 0.0f;
+    delta[c] = query < p.seq ? p.delta[at] : 0.0f;
+  }
 }
 
 template <int kD, int kBlockQ>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardDkDvKernel(const Problem p) {
   constexpr int kStride = kD + kPad;
+  constexpr int kQTile = kBlockQ * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* k_tile = reinterpret_cast<bf16*>(smem);  // [kDkvBlockK, kStride]
-  bf16* v_tile = k_tile + kDkvBlockK * kStride;  // [kDkvBlockK, kStride]
-  bf16* q_tile = v_tile + kDkvBlockK * kStride;  // [kBlockQ, kStride]
-  bf16* do_tile = q_tile + kBlockQ * kStride;    // [kBlockQ, kStride]
-  float* lse2_tile = reinterpret_cast<float*>(do_tile + kBlockQ * kStride);
-  float* delta_tile = lse2_tile + kBlockQ;  // [kBlockQ] each
+  bf16* k_tile = reinterpret_cast<bf16*>(smem);   // [kDkvBlockK, kStride]
+  bf16* v_tile = k_tile + kDkvBlockK * kStride;   // [kDkvBlockK, kStride]
+  bf16* q_tiles = v_tile + kDkvBlockK * kStride;  // [2][kBlockQ, kStride]
+  bf16* do_tiles = q_tiles + 2 * kQTile;          // [2][kBlockQ, kStride]
+  float* lse2_tiles = reinterpret_cast<float*>(do_tiles + 2 * kQTile);
+  float* delta_tiles = lse2_tiles + 2 * kBlockQ;  // [2][kBlockQ] each
 
   // The first key blocks see the most queries: they are scheduled first.
   const int k_block = static_cast<int>(blockIdx.x) / p.batch_heads;
@@ -635,8 +666,16 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* do_src = p.d_out + static_cast<int64_t>(b) * p.seq * p.channels +
                        static_cast<int64_t>(h) * p.head_dim;
 
+  // Query blocks from the one holding key k0 (kDkvBlockK is a multiple of
+  // kBlockQ, so it starts at k0) to the end.
+  const int first_q_block = k0 / kBlockQ;
+  const int num_q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
+
   LoadTile<kDkvBlockK, kD>(k_tile, k_src, p.ld_qkv, k0, p.seq, p.head_dim);
   LoadTile<kDkvBlockK, kD>(v_tile, v_src, p.ld_qkv, k0, p.seq, p.head_dim);
+  CpAsyncCommit();
+  LoadQueryBlock<kD, kBlockQ>(p, q_src, do_src, bh, k0, q_tiles, do_tiles,
+                              lse2_tiles, delta_tiles);
   CpAsyncCommit();
 
   const bf16* k_warp = k_tile + warp * kWarpRows * kStride;
@@ -647,21 +686,26 @@ __global__ void __launch_bounds__(kThreads)
   Zero(dk);
   Zero(dv);
 
-  // Query blocks from the one holding key k0 (kDkvBlockK is a multiple of
-  // kBlockQ, so it starts at k0) to the end.
-  const int num_q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
-  for (int i = k0 / kBlockQ; i < num_q_blocks; ++i) {
+  for (int i = first_q_block; i < num_q_blocks; ++i) {
     const int q0 = i * kBlockQ;
-    LoadTile<kBlockQ, kD>(q_tile, q_src, p.ld_qkv, q0, p.seq, p.head_dim);
-    LoadTile<kBlockQ, kD>(do_tile, do_src, p.channels, q0, p.seq, p.head_dim);
-    CpAsyncCommit();
-    for (int c = threadIdx.x; c < kBlockQ; c += kThreads) {
-      const int query = q0 + c;
-      const int64_t at = static_cast<int64_t>(bh) * p.seq + query;
-      lse2_tile[c] = query < p.seq ? p.lse[at] * kLog2e : 0.0f;
-      delta_tile[c] = query < p.seq ? p.delta[at] : 0.0f;
+    const int buffer = (i - first_q_block) % 2;
+    const bf16* q_tile = q_tiles + buffer * kQTile;
+    const bf16* do_tile = do_tiles + buffer * kQTile;
+    const float* lse2_tile = lse2_tiles + buffer * kBlockQ;
+    const float* delta_tile = delta_tiles + buffer * kBlockQ;
+    if (i + 1 < num_q_blocks) {
+      // The other buffer was last read in iteration i - 1, which ended with a
+      // barrier.
+      const int other = 1 - buffer;
+      LoadQueryBlock<kD, kBlockQ>(
+          p, q_src, do_src, bh, q0 + kBlockQ, q_tiles + other * kQTile,
+          do_tiles + other * kQTile, lse2_tiles + other * kBlockQ,
+          delta_tiles + other * kBlockQ);
+      CpAsyncCommit();
+      CpAsyncWait<1>();  // K, V and block i have landed (i + 1 in flight)
+    } else {
+      CpAsyncWait<0>();
     }
-    CpAsyncWait<0>();
     __syncthreads();
 
     // P^T (16 keys x kBlockQ queries per warp).
@@ -697,7 +741,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     MmaAccTimesCols<kBlockQ, kD, kStride>(dk, s, q_tile, lane);
-    __syncthreads();  // every warp is done with this query block's tiles
+    __syncthreads();  // every warp is done with block i's buffer
   }
 
   bf16* dst = p.d_qkv + static_cast<int64_t>(b) * p.seq * p.ld_qkv +

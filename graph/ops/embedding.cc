@@ -134,7 +134,7 @@ void BackwardCpu(const int32_t* ids, const T* d_out, int64_t rows, int64_t cols,
 absl::Status EmbeddingForward(Context& context, const Tensor& ids,
                               const Tensor& token_table,
                               const Tensor* position_table, int64_t seq,
-                              const Tensor& out) {
+                              const Tensor& out, bool check_ids) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckIds(context, ids, seq));
   const DType dtype = token_table.dtype;
   RETURN_IF_ERROR(CheckActivationDType(context, dtype, "token_table"));
@@ -151,8 +151,11 @@ absl::Status EmbeddingForward(Context& context, const Tensor& ids,
       (position_table != nullptr && Overlaps(out, *position_table))) {
     return InvalidArgument("out overlaps an input");
   }
-  ASSIGN_OR_RETURN(const int64_t invalid, CountInvalidIds(context, ids, vocab));
-  if (invalid > 0) return BadIds(invalid, vocab);
+  if (check_ids) {
+    ASSIGN_OR_RETURN(const int64_t invalid,
+                     CountInvalidIds(context, ids, vocab));
+    if (invalid > 0) return BadIds(invalid, vocab);
+  }
   if (rows * cols == 0) return absl::OkStatus();
 
   const void* positions =
@@ -188,7 +191,7 @@ absl::Status EmbeddingForward(Context& context, const Tensor& ids,
 absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
                                const Tensor& d_out, int64_t seq,
                                const Tensor& d_token_table,
-                               const Tensor* d_position_table) {
+                               const Tensor* d_position_table, bool check_ids) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckIds(context, ids, seq));
   RETURN_IF_ERROR(CheckActivationDType(context, d_out.dtype, "d_out"));
   RETURN_IF_ERROR(
@@ -211,8 +214,11 @@ absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
     return InvalidArgument(
         "d_position_table overlaps an input or d_token_table");
   }
-  ASSIGN_OR_RETURN(const int64_t invalid, CountInvalidIds(context, ids, vocab));
-  if (invalid > 0) return BadIds(invalid, vocab);
+  if (check_ids) {
+    ASSIGN_OR_RETURN(const int64_t invalid,
+                     CountInvalidIds(context, ids, vocab));
+    if (invalid > 0) return BadIds(invalid, vocab);
+  }
   if (rows * cols == 0) return absl::OkStatus();
 
   void* d_positions =

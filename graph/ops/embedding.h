@@ -30,10 +30,15 @@ namespace ops {
 // (f32/f64 on the CPU, f32/bf16 on a GPU); the sum is formed in f32 (f64 for
 // f64) and rounded once. An id outside [0, V) is an InvalidArgument with
 // nothing written. out must not overlap the inputs.
+//
+// `check_ids` false: the caller vouches that every id is in [0, V) (e.g. it
+// checked them on the host), so the GPU skips the check and its read-back —
+// the call then never waits for the stream (and can be captured in a CUDA
+// graph). An id out of range is then undefined behaviour.
 absl::Status EmbeddingForward(Context& context, const Tensor& ids,
                               const Tensor& token_table,
                               const Tensor* position_table, int64_t seq,
-                              const Tensor& out);
+                              const Tensor& out, bool check_ids = true);
 
 // d_token_table [V, C] += the rows of d_out [rows, C] scattered to their ids;
 // d_position_table [P, C] (if not null; P >= seq) row p += the sum of d_out
@@ -50,7 +55,8 @@ absl::Status EmbeddingForward(Context& context, const Tensor& ids,
 absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
                                const Tensor& d_out, int64_t seq,
                                const Tensor& d_token_table,
-                               const Tensor* d_position_table);
+                               const Tensor* d_position_table,
+                               bool check_ids = true);
 
 }  // namespace ops
 }  // namespace lossrt

@@ -245,6 +245,51 @@ TEST(GptTest, CpuAndGpuTrainAlike) {
   }
 }
 
+TEST(GptTest, CudaGraphStepsMatchEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  GptConfig config = TinyConfig();
+  config.width = 64;
+  config.heads = 4;
+  config.context = 32;
+  config.vocab = 256;
+  const BatchShape shape{4, 32};
+  LinearCrossEntropyOptions head;
+  head.cross_entropy.validate_targets = false;
+  head.overlap_streams = false;
+  std::vector<std::vector<float>> losses;
+  for (bool graph : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Gpt> model,
+                         Gpt::Create(*gpu, config, shape, DType::kBF16,
+                                     GptHead::kFusedLoss, head));
+    ASSERT_OK(model->Initialize(seed));
+    TrainerOptions options;
+    options.schedule = {1e-3f, 1e-4f, 2, 6};
+    options.cuda_graph = graph;
+    options.micro_batches = 2;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(*model, options));
+    losses.emplace_back();
+    for (int step = 0; step < 6; ++step) {
+      std::vector<int32_t> ids =
+          RandomTokens(2 * shape.rows(), config.vocab, seed + 10 + step);
+      std::vector<int32_t> targets =
+          RandomTokens(2 * shape.rows(), config.vocab, seed + 20 + step);
+      ASSERT_OK_AND_ASSIGN(Trainer::StepStats stats,
+                           trainer->Step(ids, targets));
+      losses.back().push_back(stats.loss);
+    }
+    EXPECT_EQ(model->graph().has_cuda_graph(), graph);
+  }
+  for (int step = 0; step < 6; ++step) {
+    // Only the embedding's fp32 atomics may order sums differently.
+    EXPECT_NEAR(losses[0][step], losses[1][step], 1e-4f * losses[0][step])
+        << "step " << step;
+  }
+}
+
 TEST(GptTest, RejectsBadConfigurations) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
                        Context::Create(Device::Cpu()));
