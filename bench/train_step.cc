@@ -8,7 +8,7 @@
 // a per-op breakdown of one step.
 //
 //   ./bazelw run -c opt //bench:train_step
-//   ./bazelw run -c opt //bench:train_step -- --heads=fused --steps=50 \
+//   ./bazelw run -c opt //bench:train_step -- --lm_heads=fused --steps=50
 //       --json=/tmp/train_step.jsonl
 #include <algorithm>
 #include <chrono>
@@ -48,6 +48,8 @@ ABSL_FLAG(int32_t, steps, 20, "Timed steps (the median is reported).");
 ABSL_FLAG(double, peak_tflops, 989.0,
           "Datasheet dense bf16 peak of the GPU (H100/H200 SXM: 989).");
 ABSL_FLAG(bool, profile, true, "Print a per-op time breakdown of one step.");
+ABSL_FLAG(int64_t, lce_workspace_mb, 1024,
+          "Temporary-memory budget of the fused head (MiB).");
 ABSL_FLAG(bool, cuda_graph, true,
           "Replay each step's forward and backward from a CUDA graph.");
 ABSL_FLAG(std::string, json, "", "Append one JSON line per head here.");
@@ -167,6 +169,7 @@ absl::StatusOr<Result> RunHead(const std::string& head, double gemm_tflops) {
                                 absl::GetFlag(FLAGS_seq)};
   LinearCrossEntropyOptions options;
   options.cross_entropy.validate_targets = false;
+  options.max_workspace_bytes = absl::GetFlag(FLAGS_lce_workspace_mb) << 20;
   // One stream: a captured graph records no side stream.
   options.overlap_streams = !absl::GetFlag(FLAGS_cuda_graph);
   ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,

@@ -5,9 +5,9 @@
 // checkpoints that resume exactly, and samples text.
 //
 //   ./bazelw run -c opt //examples:train_lm                # the default run
-//   ./bazelw run -c opt //examples:train_lm -- --steps=2000 --device=cuda \
+//   ./bazelw run -c opt //examples:train_lm -- --steps=2000 --device=cuda
 //       --checkpoint_dir=/tmp/ckpt --metrics=/tmp/metrics.jsonl
-//   ./bazelw run -c opt //examples:train_lm -- --checkpoint_dir=/tmp/ckpt \
+//   ./bazelw run -c opt //examples:train_lm -- --checkpoint_dir=/tmp/ckpt
 //       --resume --steps=3000
 //
 // Model-size flags left at 0 pick a default that suits the device: a model

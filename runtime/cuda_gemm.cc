@@ -43,6 +43,11 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
         entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
         sizeof(call.bias)));
   }
+  if (call.bias_gradient != nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias_gradient,
+        sizeof(call.bias_gradient)));
+  }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
       handle_, entry->desc, &call.alpha, call.a.data, entry->a, call.b.data,
       entry->b, &call.beta, call.d, entry->d, call.d, entry->d, &entry->algo,
@@ -71,14 +76,20 @@ GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
           AlignmentOf(c.d),
           c.bias != nullptr ? AlignmentOf(c.bias) : 0,
           c.beta != 0.0f,
-          0,
-          0};
+          c.bias_gradient != nullptr,
+          c.bias_gradient != nullptr ? AlignmentOf(c.bias_gradient) : 0};
 }
 
 absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
   const Key key = KeyOf(call);
   for (const std::unique_ptr<Entry>& entry : cache_) {
-    if (entry->key == key) return entry.get();
+    if (entry->key != key) continue;
+    if (!entry->found) {
+      return absl::UnimplementedError(
+          absl::StrCat("cuBLASLt has no algorithm for a ", call.m, " x ",
+                       call.n, " GEMM with these operands"));
+    }
+    return entry.get();
   }
   auto entry = std::make_unique<Entry>();
   entry->key = key;
@@ -101,6 +112,19 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
         sizeof(call.bias)));
+  }
+  if (call.bias_gradient != nullptr) {
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    const cudaDataType bias_type = CUDA_R_32F;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+        sizeof(epilogue)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+        sizeof(bias_type)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias_gradient,
+        sizeof(call.bias_gradient)));
   }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
       &entry->a, call.a.type, call.a.rows, call.a.cols, call.a.ld));
@@ -135,14 +159,17 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
       sizeof(alignment_c)));
   cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       handle_, entry->desc, entry->a, entry->b, entry->d, entry->d, preference,
-      1, &result, &found));
-  if (found == 0) {
-    return absl::InternalError(absl::StrCat(
+      1, &result, &found);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || found == 0) {
+    // Remembered, so that a caller with a fallback does not ask again.
+    cache_.push_back(std::move(entry));
+    return absl::UnimplementedError(absl::StrCat(
         "cuBLASLt has no algorithm for a ", call.m, " x ", call.n, " GEMM (ld ",
         call.a.ld, ", ", call.b.ld, ", ", call.ld_d, ")"));
   }
+  entry->found = true;
   entry->algo = result.algo;
   cache_.push_back(std::move(entry));
   return cache_.back().get();

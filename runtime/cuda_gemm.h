@@ -53,6 +53,10 @@ struct GemmCall {
   float alpha = 1.0f;
   float beta = 0.0f;
   const void* bias = nullptr;  // [m], D's type
+  // [n] fp32, written (not added to) with the sums of op(B) over k, in the
+  // GEMM's epilogue (cuBLASLt's BGRADB): the bias gradient of a linear layer
+  // from the GEMM that reads its output gradient anyway. Not with `bias`.
+  float* bias_gradient = nullptr;
 };
 
 // cuBLASLt descriptors and the heuristic's algorithm, cached per call shape
@@ -68,6 +72,8 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
+  // Unimplemented (cached, so asking again is cheap) when cuBLASLt has no
+  // algorithm for the call: callers with another way can fall back to it.
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
  private:
@@ -79,6 +85,7 @@ class GemmRunner {
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t d = nullptr;
     cublasLtMatmulAlgo_t algo;
+    bool found = false;  // the heuristic gave an algorithm
     ~Entry();
   };
   static Key KeyOf(const GemmCall& call);
