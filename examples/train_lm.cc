@@ -90,6 +90,9 @@ ABSL_FLAG(int32_t, checkpoint_interval, 0,
           "Steps between checkpoints (0: only at the end).");
 ABSL_FLAG(bool, resume, false,
           "Continue from the latest checkpoint in --checkpoint_dir.");
+ABSL_FLAG(int32_t, stop_at_step, 0,
+          "Stop after this step (as if interrupted; 0: run all --steps). The "
+          "schedule still spans --steps, so a --resume continues exactly.");
 ABSL_FLAG(int32_t, sample_length, 200, "Tokens sampled at the end (0: none).");
 ABSL_FLAG(int32_t, sample_interval, 0, "Steps between samples (0: end only).");
 ABSL_FLAG(double, temperature, 0.8, "Sampling temperature (0: greedy).");
@@ -436,7 +439,11 @@ absl::Status Run() {
   int64_t interval_tokens = 0;
   float last_loss = 0;
   const int64_t first_step = trainer->step() + 1;
-  for (int64_t step = first_step; step <= steps; ++step) {
+  const int64_t last_step =
+      absl::GetFlag(FLAGS_stop_at_step) > 0
+          ? std::min<int64_t>(steps, absl::GetFlag(FLAGS_stop_at_step))
+          : steps;
+  for (int64_t step = first_step; step <= last_step; ++step) {
     for (int k = 0; k < micro; ++k) {
       const int64_t offset = int64_t{k} * batch * seq;
       RETURN_IF_ERROR(train_batches.Next(
@@ -452,11 +459,11 @@ absl::Status Run() {
                                               "); try a lower --lr"));
     }
     std::optional<float> val;
-    if (step % eval_interval == 0 || step == steps) {
+    if (step % eval_interval == 0 || step == last_step) {
       ASSIGN_OR_RETURN(val, evaluate());
       if (val) last_val = val;
     }
-    const bool log = step % log_interval == 0 || step == steps || val;
+    const bool log = step % log_interval == 0 || step == last_step || val;
     if (log || metrics.is_open()) {
       const auto now = std::chrono::steady_clock::now();
       const double interval_s =
@@ -483,10 +490,11 @@ absl::Status Run() {
       }
     }
     if (checkpoint_interval > 0 && step % checkpoint_interval == 0 &&
-        step != steps) {
+        step != last_step) {
       RETURN_IF_ERROR(save());
     }
-    if (sample_interval > 0 && step % sample_interval == 0 && step != steps) {
+    if (sample_interval > 0 && step % sample_interval == 0 &&
+        step != last_step) {
       RETURN_IF_ERROR(sample(step));
     }
   }

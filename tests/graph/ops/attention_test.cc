@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ std::string Describe(const AttentionShape& s) {
   return absl::StrCat("batch ", s.batch, " seq ", s.seq, " heads ", s.heads,
                       " head_dim ", s.head_dim);
 }
+
+// How gtest names a shape parameter.
+void PrintTo(const AttentionShape& s, std::ostream* os) { *os << Describe(s); }
 
 // out and lse in plain double loops, straight from the definition.
 struct ForwardValues {
