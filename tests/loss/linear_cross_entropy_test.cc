@@ -414,6 +414,10 @@ Expected Reference(const Scenario& s, const Data& d,
 // The problem on a backend.
 
 class Harness {
+  // First, so that it is destroyed last: the arrays' buffers go back to its
+  // allocator when they are destroyed.
+  std::unique_ptr<Context> context_;
+
  public:
   Harness(const Scenario& s, DType dtype) : s_(s), dtype_(dtype) {}
 
@@ -533,7 +537,6 @@ class Harness {
  private:
   const Scenario s_;
   const DType dtype_;
-  std::unique_ptr<Context> context_;
 };
 
 // The smallest budget (to 1/64) that MakePlan accepts for `input`.
