@@ -25,14 +25,6 @@ namespace lossrt {
 namespace ops {
 namespace {
 
-// Where the byte ranges of two tensors overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 // An output may be the input itself (element i of the output depends on
 // element i of the inputs only, and is written after they are read), but not
 // a shifted view of it.

@@ -105,14 +105,6 @@ absl::Status CheckOptions(const CausalAttentionOptions& options) {
                          static_cast<int>(options.kernel));
 }
 
-// Where two tensors' byte ranges overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 absl::Status CheckNoOverlap(const Tensor& output, const char* name,
                             std::initializer_list<const Tensor*> others) {
   for (const Tensor* other : others) {

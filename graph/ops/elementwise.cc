@@ -24,14 +24,6 @@ namespace lossrt {
 namespace ops {
 namespace {
 
-// Where the byte ranges of two tensors overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 // CheckTensor for tensors of any shape: on the context's device, contiguous,
 // within the element limit, with data unless empty.
 absl::Status CheckPlacement(const Context& context, const Tensor& tensor,

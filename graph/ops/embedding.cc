@@ -23,14 +23,6 @@ namespace lossrt {
 namespace ops {
 namespace {
 
-// Where the byte ranges of two tensors overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 // ids [rows] i32 with rows a multiple of seq >= 1; returns rows.
 absl::StatusOr<int64_t> CheckIds(const Context& context, const Tensor& ids,
                                  int64_t seq) {

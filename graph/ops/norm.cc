@@ -41,14 +41,6 @@ int64_t MaxBackwardBlocks(int64_t rows) {
   return (rows + kMinRowsPerBackwardBlock - 1) / kMinRowsPerBackwardBlock;
 }
 
-// Where the byte ranges of two tensors overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 struct Named {
   const Tensor* tensor;  // null: absent, skipped
   const char* name;

@@ -42,6 +42,9 @@ absl::Status CheckTensor(const Context& context, const Tensor& tensor,
                          std::initializer_list<DType> allowed,
                          absl::string_view name);
 
+// Whether the bytes two views span intersect (false when either has no data).
+bool Overlaps(const Tensor& a, const Tensor& b);
+
 }  // namespace ops
 }  // namespace lossrt
 

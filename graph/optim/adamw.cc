@@ -35,14 +35,6 @@ int64_t NormPartials(int64_t n) {
                   (n + kNormElementsPerBlock - 1) / kNormElementsPerBlock);
 }
 
-// Where two tensors' byte ranges overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 struct Named {
   const Tensor* tensor;
   const char* name;
@@ -52,7 +44,7 @@ absl::Status CheckNoOverlaps(std::initializer_list<Named> tensors) {
   for (auto a = tensors.begin(); a != tensors.end(); ++a) {
     for (auto b = a + 1; b != tensors.end(); ++b) {
       if (a->tensor != nullptr && b->tensor != nullptr &&
-          Overlaps(*a->tensor, *b->tensor)) {
+          ops::Overlaps(*a->tensor, *b->tensor)) {
         return InvalidArgument(a->name, " and ", b->name, " overlap");
       }
     }
