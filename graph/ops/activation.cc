@@ -99,27 +99,42 @@ constexpr T kSqrt2OverPi = static_cast<T>(0.79788456080286535587989211986876);
 template <typename T>
 constexpr T kGeluCoeff = static_cast<T>(0.044715);
 
+// sigmoid(z) and 1 - sigmoid(z) without cancellation (see the CUDA twin).
+template <typename T>
+void SigmoidPair(T z, T& s, T& rest) {
+  const T e = std::exp(-std::abs(z));
+  const T inv = T(1) / (T(1) + e);
+  s = z >= T(0) ? inv : e * inv;
+  rest = z >= T(0) ? e * inv : inv;
+}
+
+// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2 u): the sigmoid form keeps the
+// relative accuracy of the negative tail, where 1 + tanh(u) cancels.
 template <typename T>
 void GeluForwardCpu(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     const T u = kSqrt2OverPi<T> * (v + kGeluCoeff<T> * v * v * v);
-    y[i] = T(0.5) * v * (T(1) + std::tanh(u));
+    T s, rest;
+    SigmoidPair(T(2) * u, s, rest);
+    y[i] = v * s;
   }
 }
 
-// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2), with t
-// the tanh of the forward.
+// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2) with t =
+// tanh(u), computed as s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 c x^2), s =
+// sigmoid(2 u).
 template <typename T>
 void GeluBackwardCpu(const T* x, const T* dy, T* dx, int64_t n,
                      bool accumulate) {
   for (int64_t i = 0; i < n; ++i) {
     const T v = x[i];
     const T v2 = v * v;
-    const T t = std::tanh(kSqrt2OverPi<T> * (v + kGeluCoeff<T> * v * v2));
-    const T grad = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) *
-                                             kSqrt2OverPi<T> *
-                                             (T(1) + T(3) * kGeluCoeff<T> * v2);
+    const T u = kSqrt2OverPi<T> * (v + kGeluCoeff<T> * v * v2);
+    T s, rest;
+    SigmoidPair(T(2) * u, s, rest);
+    const T grad = s + T(2) * v * s * rest * kSqrt2OverPi<T> *
+                           (T(1) + T(3) * kGeluCoeff<T> * v2);
     const T value = dy[i] * grad;
     dx[i] = accumulate ? dx[i] + value : value;
   }

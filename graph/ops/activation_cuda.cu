@@ -11,91 +11,52 @@
 #include <cstdint>
 
 #include "graph/ops/activation_cuda.h"
+#include "graph/ops/cuda_chunks.h"
 
 namespace lossrt {
 namespace ops {
 namespace cuda {
 namespace {
 
+using cuda_chunks::FromFloat;
+using cuda_chunks::kChunk;
+using cuda_chunks::LoadChunk;
+using cuda_chunks::StoreChunk;
+using cuda_chunks::ToFloat;
+
 constexpr int kThreads = 256;
-// Elements per thread: one 16-byte vector of bf16, two of f32.
-constexpr int kChunk = 8;
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 
-__device__ __forceinline__ float ToFloat(float value) { return value; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float value);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
+// sigmoid(z) and 1 - sigmoid(z), each without cancellation: exp of minus
+// |z| only, so nothing overflows and neither side loses its small value.
+__device__ __forceinline__ void SigmoidPair(float z, float& s, float& rest) {
+  const float e = expf(-fabsf(z));
+  const float inv = 1.0f / (1.0f + e);
+  s = z >= 0.0f ? inv : e * inv;
+  rest = z >= 0.0f ? e * inv : inv;
 }
 
-// Elements [i, i + kChunk) of p below n as floats (0 past n). `vec`: p is
-// 16-byte aligned and i a multiple of kChunk, so a full chunk is read as whole
-// 16-byte vectors.
-template <typename T>
-__device__ __forceinline__ void LoadChunk(const T* p, int64_t i, int64_t n,
-                                          bool vec, float (&v)[kChunk]) {
-  if (vec && i + kChunk <= n) {
-    constexpr int kWords = sizeof(T) * kChunk / 16;
-    uint4 raw[kWords];
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      raw[w] = reinterpret_cast<const uint4*>(p + i)[w];
-    }
-    const T* elements = reinterpret_cast<const T*>(raw);
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) v[k] = ToFloat(elements[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      v[k] = i + k < n ? ToFloat(p[i + k]) : 0.0f;
-    }
-  }
-}
-
-// Stores the elements of v below n at p[i...], rounded to T.
-template <typename T>
-__device__ __forceinline__ void StoreChunk(T* p, int64_t i, int64_t n, bool vec,
-                                           const float (&v)[kChunk]) {
-  if (vec && i + kChunk <= n) {
-    constexpr int kWords = sizeof(T) * kChunk / 16;
-    uint4 raw[kWords];
-    T* elements = reinterpret_cast<T*>(raw);
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) elements[k] = FromFloat<T>(v[k]);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      reinterpret_cast<uint4*>(p + i)[w] = raw[w];
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      if (i + k < n) p[i + k] = FromFloat<T>(v[k]);
-    }
-  }
-}
-
+// 0.5 (1 + tanh(u)) = sigmoid(2 u): written that way, gelu keeps its relative
+// accuracy in the negative tail, where 1 + tanh(u) would cancel in fp32.
 __device__ __forceinline__ float Gelu(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  float s, rest;
+  SigmoidPair(2.0f * u, s, rest);
+  return x * s;
 }
 
-// d/dx of Gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2).
+// d/dx of Gelu: s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 c x^2), s = sigmoid(2 u)
+// (the tanh form 0.5 (1 + t) + 0.5 x (1 - t^2) u' rewritten without
+// cancellation).
 __device__ __forceinline__ float GeluGrad(float x) {
   const float x2 = x * x;
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluCoeff * x * x2));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi *
-                                 (1.0f + 3.0f * kGeluCoeff * x2);
+  const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x2);
+  float s, rest;
+  SigmoidPair(2.0f * u, s, rest);
+  return s +
+         2.0f * x * s * rest * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
 }
 
 // 1 / (1 + exp(-g)): 0 for g -> -inf (exp overflows to inf), 1 for g -> inf.

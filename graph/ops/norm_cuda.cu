@@ -20,12 +20,16 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "graph/ops/cuda_chunks.h"
 #include "graph/ops/norm_cuda.h"
 
 namespace lossrt {
 namespace ops {
 namespace cuda {
 namespace {
+
+using cuda_chunks::FromFloat;
+using cuda_chunks::ToFloat;
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -43,21 +47,6 @@ constexpr int kForwardWarps = 8;
 constexpr int kBackwardWarps = 4;
 constexpr int kBlockThreads = 256;  // the block path
 constexpr int kBlockWarps = kBlockThreads / kWarpSize;
-
-__device__ __forceinline__ float ToFloat(float value) { return value; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float value);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
-}
 
 // kChunk elements at p (16-byte aligned) as floats, in whole 16-byte vectors.
 template <typename T>
