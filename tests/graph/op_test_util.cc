@@ -1,6 +1,7 @@
 // Host round trips, poison, random values and gradient checks for op tests.
 #include "tests/graph/op_test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -80,6 +81,50 @@ absl::StatusOr<int64_t> CountPoison(Context& context, const Tensor& tensor) {
   return poisoned;
 }
 
+std::unique_ptr<Context> MakeContext(Device device) {
+  auto context = Context::Create(device);
+  EXPECT_TRUE(context.ok()) << context.status();
+  return context.ok() ? std::move(context).value() : nullptr;
+}
+
+Tensor F64View(std::vector<double>& values, Shape shape) {
+  return Tensor::Of(values.data(), DType::kF64, std::move(shape),
+                    Device::Cpu());
+}
+
+double RoundTo(DType dtype, double value) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<float>(value);
+    case DType::kBF16:
+      return Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
+    default:
+      return value;
+  }
+}
+
+std::vector<double> Rounded(DType dtype, std::vector<double> values) {
+  for (double& value : values) value = RoundTo(dtype, value);
+  return values;
+}
+
+double MaxAbs(absl::Span<const double> values) {
+  double max = 0;
+  for (double value : values) max = std::max(max, std::abs(value));
+  return max;
+}
+
+std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+double Dot(absl::Span<const double> a, absl::Span<const double> b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 std::vector<double> RandomValues(int64_t count, uint64_t seed, double low,
                                  double high) {
   std::mt19937_64 engine(seed);
@@ -102,6 +147,16 @@ std::vector<double> NumericalGradient(const std::function<double()>& objective,
     gradient[i] = (plus - minus) / (2 * eps);
   }
   return gradient;
+}
+
+std::vector<double> RichardsonGradient(const std::function<double()>& objective,
+                                       std::vector<double>& x, double step) {
+  std::vector<double> fine = NumericalGradient(objective, x, step);
+  const std::vector<double> coarse = NumericalGradient(objective, x, 2 * step);
+  for (size_t i = 0; i < fine.size(); ++i) {
+    fine[i] = (4 * fine[i] - coarse[i]) / 3;
+  }
+  return fine;
 }
 
 ::testing::AssertionResult AllClose(absl::Span<const double> actual,

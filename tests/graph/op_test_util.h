@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +60,22 @@ absl::StatusOr<std::vector<double>> ToHost(Context& context,
 // How many elements of the tensor still hold the poison.
 absl::StatusOr<int64_t> CountPoison(Context& context, const Tensor& tensor);
 
+// A context on `device` (a test failure and null when it cannot be made).
+std::unique_ptr<Context> MakeContext(Device device);
+
+// An f64 CPU tensor viewing `values`.
+Tensor F64View(std::vector<double>& values, Shape shape);
+
+// `value` (each of `values`) rounded to `dtype` and back: f32 and bf16 round,
+// other dtypes keep the value.
+double RoundTo(DType dtype, double value);
+std::vector<double> Rounded(DType dtype, std::vector<double> values);
+
+// max |values[i]| (0 for none), a + b element-wise, and the dot product.
+double MaxAbs(absl::Span<const double> values);
+std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b);
+double Dot(absl::Span<const double> a, absl::Span<const double> b);
+
 // `count` values uniform in [low, high) from `seed`.
 std::vector<double> RandomValues(int64_t count, uint64_t seed, double low,
                                  double high);
@@ -67,6 +84,11 @@ std::vector<double> RandomValues(int64_t count, uint64_t seed, double low,
 // (2 eps) for every i; `objective` must read `x` (which is restored).
 std::vector<double> NumericalGradient(const std::function<double()>& objective,
                                       std::vector<double>& x, double eps);
+
+// NumericalGradient with Richardson extrapolation over steps `step` and
+// 2 `step` (error O(step^4)).
+std::vector<double> RichardsonGradient(const std::function<double()>& objective,
+                                       std::vector<double>& x, double step);
 
 // |actual[i] - expected[i]| <= atol + rtol * |expected[i]| for every i (NaN
 // fails), else a failure naming the count of bad elements and the worst one.

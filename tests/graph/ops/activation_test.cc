@@ -31,67 +31,17 @@ namespace ops {
 namespace {
 
 using test::AllClose;
+using test::Dot;
+using test::F64View;
 using test::FromHost;
+using test::MakeContext;
+using test::MaxAbs;
+using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
 using test::ToHost;
 
-#define ACT_ASSERT_OK(expr)                               \
-  do {                                                    \
-    const absl::Status act_test_status = (expr);          \
-    ASSERT_TRUE(act_test_status.ok()) << act_test_status; \
-  } while (false)
-
-#define ACT_ASSERT_OK_AND_ASSIGN(lhs, expr)                                 \
-  ACT_ASSERT_OK_AND_ASSIGN_IMPL(LOSSRT_CONCAT(act_test_or_, __LINE__), lhs, \
-                                expr)
-#define ACT_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                  \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();              \
-  lhs = std::move(tmp).value()
-
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::unique_ptr<Context> MakeContext(Device device) {
-  auto context = Context::Create(device);
-  EXPECT_TRUE(context.ok()) << context.status();
-  return context.ok() ? std::move(context).value() : nullptr;
-}
-
-Tensor View(std::vector<double>& values, Shape shape) {
-  return Tensor::Of(values.data(), DType::kF64, std::move(shape),
-                    Device::Cpu());
-}
-
-// Central differences with Richardson extrapolation (error O(h^4)).
-std::vector<double> Gradient(const std::function<double()>& objective,
-                             std::vector<double>& x) {
-  constexpr double kStep = 1e-3;
-  std::vector<double> fine = test::NumericalGradient(objective, x, kStep);
-  const std::vector<double> coarse =
-      test::NumericalGradient(objective, x, 2 * kStep);
-  for (size_t i = 0; i < fine.size(); ++i) {
-    fine[i] = (4 * fine[i] - coarse[i]) / 3;
-  }
-  return fine;
-}
-
-double MaxAbs(const std::vector<double>& values) {
-  double max = 0;
-  for (double v : values) max = std::max(max, std::abs(v));
-  return max;
-}
-
-std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
-double Dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
 
 ::testing::AssertionResult Near(const std::vector<double>& actual,
                                 const std::vector<double>& expected,
@@ -148,11 +98,11 @@ TEST_P(ActivationCpuTest, GeluForwardMatchesDouble) {
   ASSERT_NE(cpu, nullptr);
   const int64_t n = 1001;
   const std::vector<double> values = RandomValues(n, test::TestSeed(), -7, 7);
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor x, FromHost(*cpu, dtype, {n}, values));
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor y, PoisonedTensor(*cpu, dtype, {n}));
-  ACT_ASSERT_OK(GeluForward(*cpu, x.view, y.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*cpu, x.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> ys, ToHost(*cpu, y.view));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x, FromHost(*cpu, dtype, {n}, values));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y, PoisonedTensor(*cpu, dtype, {n}));
+  ASSERT_OK(GeluForward(*cpu, x.view, y.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*cpu, x.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> ys, ToHost(*cpu, y.view));
   std::vector<double> expected;
   for (double v : xs) expected.push_back(GeluReference(v));
   const double tol = dtype == DType::kF64 ? 1e-14 : 1e-6;
@@ -166,13 +116,13 @@ TEST_P(ActivationCpuTest, SwiGluForwardMatchesDouble) {
   const int64_t rows = 5, width = 11;
   const std::vector<double> values =
       RandomValues(rows * 2 * width, test::TestSeed(), -6, 6);
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor x,
-                           FromHost(*cpu, dtype, {rows, 2 * width}, values));
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor y,
-                           PoisonedTensor(*cpu, dtype, {rows, width}));
-  ACT_ASSERT_OK(SwiGluForward(*cpu, x.view, y.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*cpu, x.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> ys, ToHost(*cpu, y.view));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                       FromHost(*cpu, dtype, {rows, 2 * width}, values));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y,
+                       PoisonedTensor(*cpu, dtype, {rows, width}));
+  ASSERT_OK(SwiGluForward(*cpu, x.view, y.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*cpu, x.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> ys, ToHost(*cpu, y.view));
   std::vector<double> expected;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t f = 0; f < width; ++f) {
@@ -206,18 +156,18 @@ TEST_P(ActivationGradientTest, GeluMatchesFiniteDifferences) {
   std::vector<double> y(rows * cols);
   auto objective = [&]() {
     const absl::Status status =
-        GeluForward(*cpu, View(x, {rows, cols}), View(y, {rows, cols}));
+        GeluForward(*cpu, F64View(x, {rows, cols}), F64View(y, {rows, cols}));
     EXPECT_TRUE(status.ok()) << status;
     return Dot(w, y);
   };
-  const std::vector<double> fd = Gradient(objective, x);
+  const std::vector<double> fd = test::RichardsonGradient(objective, x, 1e-3);
   std::vector<double> dy = w;
   const std::vector<double> dx0 = RandomValues(rows * cols, seed + 2, -1, 1);
   std::vector<double> dx =
       accumulate ? dx0 : std::vector<double>(rows * cols, kNaN);
-  ACT_ASSERT_OK(GeluBackward(*cpu, View(x, {rows, cols}),
-                             View(dy, {rows, cols}), View(dx, {rows, cols}),
-                             accumulate));
+  ASSERT_OK(GeluBackward(*cpu, F64View(x, {rows, cols}),
+                         F64View(dy, {rows, cols}), F64View(dx, {rows, cols}),
+                         accumulate));
   EXPECT_TRUE(AllClose(dx, accumulate ? Plus(dx0, fd) : fd, 1e-10, 1e-10));
 }
 
@@ -231,20 +181,20 @@ TEST_P(ActivationGradientTest, SwiGluMatchesFiniteDifferences) {
   const std::vector<double> w = RandomValues(rows * width, seed + 1, -1, 1);
   std::vector<double> y(rows * width);
   auto objective = [&]() {
-    const absl::Status status =
-        SwiGluForward(*cpu, View(x, {rows, 2 * width}), View(y, {rows, width}));
+    const absl::Status status = SwiGluForward(
+        *cpu, F64View(x, {rows, 2 * width}), F64View(y, {rows, width}));
     EXPECT_TRUE(status.ok()) << status;
     return Dot(w, y);
   };
-  const std::vector<double> fd = Gradient(objective, x);
+  const std::vector<double> fd = test::RichardsonGradient(objective, x, 1e-3);
   std::vector<double> dy = w;
   const std::vector<double> dx0 =
       RandomValues(rows * 2 * width, seed + 2, -1, 1);
   std::vector<double> dx =
       accumulate ? dx0 : std::vector<double>(rows * 2 * width, kNaN);
-  ACT_ASSERT_OK(SwiGluBackward(*cpu, View(x, {rows, 2 * width}),
-                               View(dy, {rows, width}),
-                               View(dx, {rows, 2 * width}), accumulate));
+  ASSERT_OK(SwiGluBackward(*cpu, F64View(x, {rows, 2 * width}),
+                           F64View(dy, {rows, width}),
+                           F64View(dx, {rows, 2 * width}), accumulate));
   EXPECT_TRUE(AllClose(dx, accumulate ? Plus(dx0, fd) : fd, 1e-10, 1e-10));
 }
 
@@ -264,40 +214,37 @@ void ExpectInPlaceMatches(Context& context, DType dtype, bool misaligned) {
   const std::vector<double> sv =
       RandomValues(rows * 2 * width, seed + 2, -4, 4);
   const std::vector<double> sdyv = RandomValues(rows * width, seed + 3, -1, 1);
-  ACT_ASSERT_OK_AND_ASSIGN(
-      Placed x, Place(context, dtype, {rows, width}, xv, misaligned));
-  ACT_ASSERT_OK_AND_ASSIGN(
-      Placed dy, Place(context, dtype, {rows, width}, dyv, misaligned));
-  ACT_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(Placed x,
+                       Place(context, dtype, {rows, width}, xv, misaligned));
+  ASSERT_OK_AND_ASSIGN(Placed dy,
+                       Place(context, dtype, {rows, width}, dyv, misaligned));
+  ASSERT_OK_AND_ASSIGN(
       Placed y, Place(context, dtype, {rows, width}, xv, misaligned, true));
-  ACT_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(
       Placed dx, Place(context, dtype, {rows, width}, xv, misaligned, true));
-  ACT_ASSERT_OK(GeluForward(context, x.view, y.view));
-  ACT_ASSERT_OK(GeluBackward(context, x.view, dy.view, dx.view, false));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> y_out, ToHost(context, y.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dx_out,
-                           ToHost(context, dx.view));
+  ASSERT_OK(GeluForward(context, x.view, y.view));
+  ASSERT_OK(GeluBackward(context, x.view, dy.view, dx.view, false));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> y_out, ToHost(context, y.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> dx_out, ToHost(context, dx.view));
   // dx into dy, then y into x (x is read by the backward first).
-  ACT_ASSERT_OK(GeluBackward(context, x.view, dy.view, dy.view, false));
-  ACT_ASSERT_OK(GeluForward(context, x.view, x.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dy_in, ToHost(context, dy.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> x_in, ToHost(context, x.view));
+  ASSERT_OK(GeluBackward(context, x.view, dy.view, dy.view, false));
+  ASSERT_OK(GeluForward(context, x.view, x.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> dy_in, ToHost(context, dy.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> x_in, ToHost(context, x.view));
   EXPECT_EQ(dy_in, dx_out);
   EXPECT_EQ(x_in, y_out);
 
   // SwiGLU backward into x itself, accumulating (dx = x + gradient).
-  ACT_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(
       Placed s, Place(context, dtype, {rows, 2 * width}, sv, misaligned));
-  ACT_ASSERT_OK_AND_ASSIGN(
-      Placed sdy, Place(context, dtype, {rows, width}, sdyv, misaligned));
-  ACT_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(Placed sdy,
+                       Place(context, dtype, {rows, width}, sdyv, misaligned));
+  ASSERT_OK_AND_ASSIGN(
       Placed sdx, Place(context, dtype, {rows, 2 * width}, sv, misaligned));
-  ACT_ASSERT_OK(SwiGluBackward(context, s.view, sdy.view, sdx.view, true));
-  ACT_ASSERT_OK(SwiGluBackward(context, s.view, sdy.view, s.view, true));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> apart,
-                           ToHost(context, sdx.view));
-  ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> in_place,
-                           ToHost(context, s.view));
+  ASSERT_OK(SwiGluBackward(context, s.view, sdy.view, sdx.view, true));
+  ASSERT_OK(SwiGluBackward(context, s.view, sdy.view, s.view, true));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> apart, ToHost(context, sdx.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> in_place, ToHost(context, s.view));
   EXPECT_EQ(in_place, apart);
 }
 
@@ -353,34 +300,32 @@ TEST_P(ActivationGpuTest, GeluMatchesCpuF64) {
       SCOPED_TRACE(
           absl::StrCat(DTypeName(dtype), accumulate ? " accumulate" : ""));
       const bool mis = shape.misaligned;
-      ACT_ASSERT_OK_AND_ASSIGN(
-          Placed x,
-          Place(*gpu, dtype, {rows, cols}, RandomValues(n, seed, -6, 6), mis));
-      ACT_ASSERT_OK_AND_ASSIGN(Placed dy,
-                               Place(*gpu, dtype, {rows, cols},
-                                     RandomValues(n, seed + 1, -1, 1), mis));
-      ACT_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(Placed x, Place(*gpu, dtype, {rows, cols},
+                                           RandomValues(n, seed, -6, 6), mis));
+      ASSERT_OK_AND_ASSIGN(Placed dy,
+                           Place(*gpu, dtype, {rows, cols},
+                                 RandomValues(n, seed + 1, -1, 1), mis));
+      ASSERT_OK_AND_ASSIGN(
           Placed dx, Place(*gpu, dtype, {rows, cols},
                            RandomValues(n, seed + 2, -1, 1), mis, !accumulate));
-      ACT_ASSERT_OK_AND_ASSIGN(Placed y,
-                               Place(*gpu, dtype, {rows, cols}, {}, mis, true));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*gpu, x.view));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dys, ToHost(*gpu, dy.view));
+      ASSERT_OK_AND_ASSIGN(Placed y,
+                           Place(*gpu, dtype, {rows, cols}, {}, mis, true));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*gpu, x.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> dys, ToHost(*gpu, dy.view));
       std::vector<double> dx_ref(n, kNaN);
       if (accumulate) {
-        ACT_ASSERT_OK_AND_ASSIGN(dx_ref, ToHost(*gpu, dx.view));
+        ASSERT_OK_AND_ASSIGN(dx_ref, ToHost(*gpu, dx.view));
       }
-      ACT_ASSERT_OK(GeluForward(*gpu, x.view, y.view));
-      ACT_ASSERT_OK(GeluBackward(*gpu, x.view, dy.view, dx.view, accumulate));
+      ASSERT_OK(GeluForward(*gpu, x.view, y.view));
+      ASSERT_OK(GeluBackward(*gpu, x.view, dy.view, dx.view, accumulate));
       std::vector<double> y_ref(n);
-      ACT_ASSERT_OK(
-          GeluForward(*cpu, View(xs, {rows, cols}), View(y_ref, {rows, cols})));
-      ACT_ASSERT_OK(GeluBackward(*cpu, View(xs, {rows, cols}),
-                                 View(dys, {rows, cols}),
-                                 View(dx_ref, {rows, cols}), accumulate));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> y_got, ToHost(*gpu, y.view));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dx_got,
-                               ToHost(*gpu, dx.view));
+      ASSERT_OK(GeluForward(*cpu, F64View(xs, {rows, cols}),
+                            F64View(y_ref, {rows, cols})));
+      ASSERT_OK(GeluBackward(*cpu, F64View(xs, {rows, cols}),
+                             F64View(dys, {rows, cols}),
+                             F64View(dx_ref, {rows, cols}), accumulate));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> y_got, ToHost(*gpu, y.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> dx_got, ToHost(*gpu, dx.view));
       EXPECT_TRUE(Near(y_got, y_ref, Rtol(dtype), AtolFraction(dtype)));
       EXPECT_TRUE(Near(dx_got, dx_ref, Rtol(dtype), AtolFraction(dtype)));
     }
@@ -402,35 +347,33 @@ TEST_P(ActivationGpuTest, SwiGluMatchesCpuF64) {
       SCOPED_TRACE(
           absl::StrCat(DTypeName(dtype), accumulate ? " accumulate" : ""));
       const bool mis = shape.misaligned;
-      ACT_ASSERT_OK_AND_ASSIGN(Placed x,
-                               Place(*gpu, dtype, {rows, 2 * width},
-                                     RandomValues(n_in, seed, -6, 6), mis));
-      ACT_ASSERT_OK_AND_ASSIGN(
-          Placed dy, Place(*gpu, dtype, {rows, width},
-                           RandomValues(n_out, seed + 1, -1, 1), mis));
-      ACT_ASSERT_OK_AND_ASSIGN(
-          Placed dx,
-          Place(*gpu, dtype, {rows, 2 * width},
-                RandomValues(n_in, seed + 2, -1, 1), mis, !accumulate));
-      ACT_ASSERT_OK_AND_ASSIGN(
-          Placed y, Place(*gpu, dtype, {rows, width}, {}, mis, true));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*gpu, x.view));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dys, ToHost(*gpu, dy.view));
+      ASSERT_OK_AND_ASSIGN(Placed x,
+                           Place(*gpu, dtype, {rows, 2 * width},
+                                 RandomValues(n_in, seed, -6, 6), mis));
+      ASSERT_OK_AND_ASSIGN(Placed dy,
+                           Place(*gpu, dtype, {rows, width},
+                                 RandomValues(n_out, seed + 1, -1, 1), mis));
+      ASSERT_OK_AND_ASSIGN(Placed dx, Place(*gpu, dtype, {rows, 2 * width},
+                                            RandomValues(n_in, seed + 2, -1, 1),
+                                            mis, !accumulate));
+      ASSERT_OK_AND_ASSIGN(Placed y,
+                           Place(*gpu, dtype, {rows, width}, {}, mis, true));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> xs, ToHost(*gpu, x.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> dys, ToHost(*gpu, dy.view));
       std::vector<double> dx_ref(n_in, kNaN);
       if (accumulate) {
-        ACT_ASSERT_OK_AND_ASSIGN(dx_ref, ToHost(*gpu, dx.view));
+        ASSERT_OK_AND_ASSIGN(dx_ref, ToHost(*gpu, dx.view));
       }
-      ACT_ASSERT_OK(SwiGluForward(*gpu, x.view, y.view));
-      ACT_ASSERT_OK(SwiGluBackward(*gpu, x.view, dy.view, dx.view, accumulate));
+      ASSERT_OK(SwiGluForward(*gpu, x.view, y.view));
+      ASSERT_OK(SwiGluBackward(*gpu, x.view, dy.view, dx.view, accumulate));
       std::vector<double> y_ref(n_out);
-      ACT_ASSERT_OK(SwiGluForward(*cpu, View(xs, {rows, 2 * width}),
-                                  View(y_ref, {rows, width})));
-      ACT_ASSERT_OK(SwiGluBackward(
-          *cpu, View(xs, {rows, 2 * width}), View(dys, {rows, width}),
-          View(dx_ref, {rows, 2 * width}), accumulate));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> y_got, ToHost(*gpu, y.view));
-      ACT_ASSERT_OK_AND_ASSIGN(std::vector<double> dx_got,
-                               ToHost(*gpu, dx.view));
+      ASSERT_OK(SwiGluForward(*cpu, F64View(xs, {rows, 2 * width}),
+                              F64View(y_ref, {rows, width})));
+      ASSERT_OK(SwiGluBackward(*cpu, F64View(xs, {rows, 2 * width}),
+                               F64View(dys, {rows, width}),
+                               F64View(dx_ref, {rows, 2 * width}), accumulate));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> y_got, ToHost(*gpu, y.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> dx_got, ToHost(*gpu, dx.view));
       EXPECT_TRUE(Near(y_got, y_ref, Rtol(dtype), AtolFraction(dtype)));
       EXPECT_TRUE(Near(dx_got, dx_ref, Rtol(dtype), AtolFraction(dtype)));
     }
@@ -451,10 +394,10 @@ TEST(ActivationGpuTest, RejectsF64) {
   SKIP_WITHOUT_GPU();
   auto gpu = MakeContext(Device::Cuda(0));
   ASSERT_NE(gpu, nullptr);
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor x,
-                           PoisonedTensor(*gpu, DType::kF64, {2, 8}));
-  ACT_ASSERT_OK_AND_ASSIGN(OwnedTensor y,
-                           PoisonedTensor(*gpu, DType::kF64, {2, 8}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                       PoisonedTensor(*gpu, DType::kF64, {2, 8}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y,
+                       PoisonedTensor(*gpu, DType::kF64, {2, 8}));
   EXPECT_EQ(GeluForward(*gpu, x.view, y.view).code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -470,16 +413,16 @@ TEST(ActivationInvalidTest, NothingWritten) {
   std::vector<double> dy =
       RandomValues(rows * cols, test::TestSeed() + 1, -1, 1);
   std::vector<double> out(2 * rows * cols, kNaN);
-  const Tensor xv = View(x, {rows, cols});
-  const Tensor dyv = View(dy, {rows, cols});
-  const Tensor outv = View(out, {rows, cols});
+  const Tensor xv = F64View(x, {rows, cols});
+  const Tensor dyv = F64View(dy, {rows, cols});
+  const Tensor outv = F64View(out, {rows, cols});
   auto expect_invalid = [&](const absl::Status& status) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     for (double v : out) EXPECT_TRUE(std::isnan(v));
   };
   // GELU: shape, dtype, null data, device, partial overlap.
-  expect_invalid(GeluForward(*cpu, xv, View(out, {rows, cols - 1})));
-  expect_invalid(GeluForward(*cpu, xv, View(out, {rows * cols})));
+  expect_invalid(GeluForward(*cpu, xv, F64View(out, {rows, cols - 1})));
+  expect_invalid(GeluForward(*cpu, xv, F64View(out, {rows * cols})));
   Tensor out_f32 = outv;
   out_f32.dtype = DType::kF32;
   expect_invalid(GeluForward(*cpu, xv, out_f32));
@@ -499,18 +442,20 @@ TEST(ActivationInvalidTest, NothingWritten) {
       Tensor::Of(out.data() + 1, DType::kF64, {rows, cols}, Device::Cpu());
   expect_invalid(GeluForward(*cpu, outv, shifted));
   expect_invalid(
-      GeluBackward(*cpu, xv, View(dy, {rows, cols - 1}), outv, false));
+      GeluBackward(*cpu, xv, F64View(dy, {rows, cols - 1}), outv, false));
   expect_invalid(GeluBackward(*cpu, xv, outv, shifted, true));
   // SwiGLU: odd width, wrong output shapes, overlaps.
-  expect_invalid(SwiGluForward(*cpu, View(x, {rows, 7}), View(out, {rows, 3})));
-  expect_invalid(SwiGluForward(*cpu, xv, View(out, {rows, cols})));
-  expect_invalid(SwiGluForward(*cpu, View(x, {rows * cols}), outv));
-  expect_invalid(SwiGluForward(*cpu, outv, View(out, {rows, cols / 2})));
-  expect_invalid(SwiGluBackward(*cpu, xv, View(dy, {rows, cols}), outv, false));
-  expect_invalid(SwiGluBackward(*cpu, xv, View(dy, {rows, cols / 2}),
-                                View(out, {rows, cols / 2}), false));
   expect_invalid(
-      SwiGluBackward(*cpu, xv, View(out, {rows, cols / 2}), shifted, false));
+      SwiGluForward(*cpu, F64View(x, {rows, 7}), F64View(out, {rows, 3})));
+  expect_invalid(SwiGluForward(*cpu, xv, F64View(out, {rows, cols})));
+  expect_invalid(SwiGluForward(*cpu, F64View(x, {rows * cols}), outv));
+  expect_invalid(SwiGluForward(*cpu, outv, F64View(out, {rows, cols / 2})));
+  expect_invalid(
+      SwiGluBackward(*cpu, xv, F64View(dy, {rows, cols}), outv, false));
+  expect_invalid(SwiGluBackward(*cpu, xv, F64View(dy, {rows, cols / 2}),
+                                F64View(out, {rows, cols / 2}), false));
+  expect_invalid(
+      SwiGluBackward(*cpu, xv, F64View(out, {rows, cols / 2}), shifted, false));
 }
 
 }  // namespace

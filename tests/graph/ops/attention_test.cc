@@ -33,9 +33,12 @@ namespace {
 using test::AllClose;
 using test::CountPoison;
 using test::FromHost;
+using test::MaxAbs;
 using test::NumericalGradient;
+using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::Rounded;
 using test::TestSeed;
 using test::ToHost;
 
@@ -98,18 +101,6 @@ ForwardValues NaiveForward(const AttentionShape& s,
     }
   }
   return result;
-}
-
-// Values as the dtype stores them.
-std::vector<double> Rounded(DType dtype, std::vector<double> values) {
-  for (double& value : values) {
-    if (dtype == DType::kF32) {
-      value = static_cast<float>(value);
-    } else if (dtype == DType::kBF16) {
-      value = Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
-    }
-  }
-  return values;
 }
 
 DType LseDType(DType dtype) {
@@ -188,11 +179,6 @@ absl::StatusOr<Results> RunBoth(Context& context, DType dtype,
   return r;
 }
 
-std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
 // One of the q, k, v parts (0, 1, 2) of a [rows, 3C] tensor's values.
 std::vector<double> Part(const AttentionShape& s,
                          const std::vector<double>& values, int part) {
@@ -205,12 +191,6 @@ std::vector<double> Part(const AttentionShape& s,
     }
   }
   return result;
-}
-
-double MaxAbs(const std::vector<double>& values) {
-  double max = 0;
-  for (double value : values) max = std::max(max, std::abs(value));
-  return max;
 }
 
 // d_qkv close to `expected` part by part (dQ, dK and dV have their own

@@ -29,44 +29,15 @@ namespace ops {
 namespace {
 
 using test::FromHost;
+using test::MakeContext;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::RoundTo;
 using test::ToHost;
-
-#define EW_ASSERT_OK(expr)                              \
-  do {                                                  \
-    const absl::Status ew_test_status = (expr);         \
-    ASSERT_TRUE(ew_test_status.ok()) << ew_test_status; \
-  } while (false)
-
-#define EW_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  EW_ASSERT_OK_AND_ASSIGN_IMPL(LOSSRT_CONCAT(ew_test_or_, __LINE__), lhs, expr)
-#define EW_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();             \
-  lhs = std::move(tmp).value()
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::unique_ptr<Context> MakeContext(Device device) {
-  auto context = Context::Create(device);
-  EXPECT_TRUE(context.ok()) << context.status();
-  return context.ok() ? std::move(context).value() : nullptr;
-}
-
 std::vector<Device> Devices() { return test::TestDevices(); }
-
-// `value` rounded to `dtype` (bf16 through f32, as runtime/dtype.h does).
-double RoundTo(DType dtype, double value) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<float>(value);
-    case DType::kBF16:
-      return Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
-    default:
-      return value;
-  }
-}
 
 // A tensor, or a view one element into a larger one (misaligned for 16-byte
 // vectors).
@@ -116,22 +87,22 @@ TEST(AddTest, MatchesExactSum) {
       for (int64_t n : {int64_t{1}, int64_t{1003}, int64_t{1} << 17}) {
         for (bool misaligned : {false, true}) {
           SCOPED_TRACE(Trace(device, dtype, n, misaligned));
-          EW_ASSERT_OK_AND_ASSIGN(
+          ASSERT_OK_AND_ASSIGN(
               Placed a,
               Place(*context, dtype, RandomValues(n, seed, -4, 4), misaligned));
-          EW_ASSERT_OK_AND_ASSIGN(
+          ASSERT_OK_AND_ASSIGN(
               Placed b, Place(*context, dtype, RandomValues(n, seed + 1, -4, 4),
                               misaligned));
-          EW_ASSERT_OK_AND_ASSIGN(Placed y,
-                                  Place(*context, dtype, std::vector<double>(n),
-                                        misaligned, /*poison=*/true));
-          EW_ASSERT_OK_AND_ASSIGN(std::vector<double> av,
-                                  ToHost(*context, a.view));
-          EW_ASSERT_OK_AND_ASSIGN(std::vector<double> bv,
-                                  ToHost(*context, b.view));
-          EW_ASSERT_OK(Add(*context, a.view, b.view, y.view));
-          EW_ASSERT_OK_AND_ASSIGN(std::vector<double> yv,
-                                  ToHost(*context, y.view));
+          ASSERT_OK_AND_ASSIGN(Placed y,
+                               Place(*context, dtype, std::vector<double>(n),
+                                     misaligned, /*poison=*/true));
+          ASSERT_OK_AND_ASSIGN(std::vector<double> av,
+                               ToHost(*context, a.view));
+          ASSERT_OK_AND_ASSIGN(std::vector<double> bv,
+                               ToHost(*context, b.view));
+          ASSERT_OK(Add(*context, a.view, b.view, y.view));
+          ASSERT_OK_AND_ASSIGN(std::vector<double> yv,
+                               ToHost(*context, y.view));
           std::vector<double> expected(n);
           for (int64_t i = 0; i < n; ++i) {
             // f32 math for f32 and bf16, one rounding to the dtype.
@@ -142,13 +113,13 @@ TEST(AddTest, MatchesExactSum) {
           }
           EXPECT_EQ(yv, expected);
           // In place, into a and into b.
-          EW_ASSERT_OK(Add(*context, a.view, b.view, a.view));
-          EW_ASSERT_OK_AND_ASSIGN(std::vector<double> in_a,
-                                  ToHost(*context, a.view));
+          ASSERT_OK(Add(*context, a.view, b.view, a.view));
+          ASSERT_OK_AND_ASSIGN(std::vector<double> in_a,
+                               ToHost(*context, a.view));
           EXPECT_EQ(in_a, expected);
-          EW_ASSERT_OK(Add(*context, y.view, b.view, b.view));
-          EW_ASSERT_OK_AND_ASSIGN(std::vector<double> in_b,
-                                  ToHost(*context, b.view));
+          ASSERT_OK(Add(*context, y.view, b.view, b.view));
+          ASSERT_OK_AND_ASSIGN(std::vector<double> in_b,
+                               ToHost(*context, b.view));
           for (int64_t i = 0; i < n; ++i) {
             expected[i] = dtype == DType::kF64
                               ? yv[i] + bv[i]
@@ -181,21 +152,20 @@ TEST(AccumulateIntoTest, MatchesExactResult) {
                                       accumulate ? " accumulate" : ""));
             // Values with more digits than f32 holds, so that every rounding
             // shows.
-            EW_ASSERT_OK_AND_ASSIGN(
+            ASSERT_OK_AND_ASSIGN(
                 Placed src, Place(*context, src_dtype,
                                   RandomValues(n, seed, -3, 3), misaligned));
-            EW_ASSERT_OK_AND_ASSIGN(
+            ASSERT_OK_AND_ASSIGN(
                 Placed dst,
                 Place(*context, dst_dtype, RandomValues(n, seed + 1, -3, 3),
                       !misaligned, /*poison=*/!accumulate));
-            EW_ASSERT_OK_AND_ASSIGN(std::vector<double> sv,
-                                    ToHost(*context, src.view));
-            EW_ASSERT_OK_AND_ASSIGN(std::vector<double> dv,
-                                    ToHost(*context, dst.view));
-            EW_ASSERT_OK(
-                AccumulateInto(*context, src.view, dst.view, accumulate));
-            EW_ASSERT_OK_AND_ASSIGN(std::vector<double> got,
-                                    ToHost(*context, dst.view));
+            ASSERT_OK_AND_ASSIGN(std::vector<double> sv,
+                                 ToHost(*context, src.view));
+            ASSERT_OK_AND_ASSIGN(std::vector<double> dv,
+                                 ToHost(*context, dst.view));
+            ASSERT_OK(AccumulateInto(*context, src.view, dst.view, accumulate));
+            ASSERT_OK_AND_ASSIGN(std::vector<double> got,
+                                 ToHost(*context, dst.view));
             const bool wide =
                 src_dtype == DType::kF64 || dst_dtype == DType::kF64;
             std::vector<double> expected(n);
@@ -224,17 +194,17 @@ TEST(AccumulateIntoTest, IntoItself) {
     ASSERT_NE(context, nullptr);
     SCOPED_TRACE(device.ToString());
     const std::vector<double> values = {1.5, -2.25, 3, 0.125, 7, 9, 11, 13, 2};
-    EW_ASSERT_OK_AND_ASSIGN(OwnedTensor t,
-                            FromHost(*context, DType::kF32, {3, 3}, values));
-    EW_ASSERT_OK(AccumulateInto(*context, t.view, t.view, true));
-    EW_ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*context, t.view));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor t,
+                         FromHost(*context, DType::kF32, {3, 3}, values));
+    ASSERT_OK(AccumulateInto(*context, t.view, t.view, true));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*context, t.view));
     for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(got[i], 2 * values[i]);
     // Shapes may differ when the element counts agree.
-    EW_ASSERT_OK_AND_ASSIGN(OwnedTensor flat,
-                            PoisonedTensor(*context, DType::kBF16, {9}));
-    EW_ASSERT_OK(AccumulateInto(*context, t.view, flat.view, false));
-    EW_ASSERT_OK_AND_ASSIGN(std::vector<double> copied,
-                            ToHost(*context, flat.view));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor flat,
+                         PoisonedTensor(*context, DType::kBF16, {9}));
+    ASSERT_OK(AccumulateInto(*context, t.view, flat.view, false));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> copied,
+                         ToHost(*context, flat.view));
     EXPECT_EQ(copied, got);  // all exact in bf16
   }
 }
@@ -250,13 +220,12 @@ TEST(ZeroTest, EveryDtype) {
                         DType::kI64, DType::kF64}) {
       for (int64_t n : {int64_t{1}, int64_t{1001}}) {
         SCOPED_TRACE(Trace(device, dtype, n, false));
-        EW_ASSERT_OK_AND_ASSIGN(
+        ASSERT_OK_AND_ASSIGN(
             OwnedTensor t,
             FromHost(*context, dtype, {n},
                      std::vector<double>(n, -5.0)));  // not 0 in any dtype
-        EW_ASSERT_OK(Zero(*context, t.view));
-        EW_ASSERT_OK_AND_ASSIGN(std::vector<double> got,
-                                ToHost(*context, t.view));
+        ASSERT_OK(Zero(*context, t.view));
+        ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*context, t.view));
         for (double v : got) {
           EXPECT_EQ(v, 0.0);
           EXPECT_FALSE(std::signbit(v));
@@ -264,7 +233,7 @@ TEST(ZeroTest, EveryDtype) {
       }
     }
     // Empty tensors, with or without data, are fine.
-    EW_ASSERT_OK(Zero(
+    ASSERT_OK(Zero(
         *context, Tensor::Of(nullptr, DType::kF32, {0, 4}, context->device())));
   }
 }
@@ -335,10 +304,8 @@ TEST(ElementwiseGpuTest, RejectsF64Add) {
   SKIP_WITHOUT_GPU();
   auto gpu = MakeContext(Device::Cuda(0));
   ASSERT_NE(gpu, nullptr);
-  EW_ASSERT_OK_AND_ASSIGN(OwnedTensor a,
-                          PoisonedTensor(*gpu, DType::kF64, {4}));
-  EW_ASSERT_OK_AND_ASSIGN(OwnedTensor y,
-                          PoisonedTensor(*gpu, DType::kF64, {4}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor a, PoisonedTensor(*gpu, DType::kF64, {4}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y, PoisonedTensor(*gpu, DType::kF64, {4}));
   EXPECT_EQ(Add(*gpu, a.view, a.view, y.view).code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -30,69 +30,22 @@ namespace ops {
 namespace {
 
 using test::AllClose;
+using test::Dot;
+using test::F64View;
 using test::FromHost;
+using test::MakeContext;
+using test::MaxAbs;
+using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::RoundTo;
 using test::ToHost;
 
-#define EMB_ASSERT_OK(expr)                               \
-  do {                                                    \
-    const absl::Status emb_test_status = (expr);          \
-    ASSERT_TRUE(emb_test_status.ok()) << emb_test_status; \
-  } while (false)
-
-#define EMB_ASSERT_OK_AND_ASSIGN(lhs, expr)                                 \
-  EMB_ASSERT_OK_AND_ASSIGN_IMPL(LOSSRT_CONCAT(emb_test_or_, __LINE__), lhs, \
-                                expr)
-#define EMB_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                  \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();              \
-  lhs = std::move(tmp).value()
-
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::unique_ptr<Context> MakeContext(Device device) {
-  auto context = Context::Create(device);
-  EXPECT_TRUE(context.ok()) << context.status();
-  return context.ok() ? std::move(context).value() : nullptr;
-}
-
-Tensor View(std::vector<double>& values, Shape shape) {
-  return Tensor::Of(values.data(), DType::kF64, std::move(shape),
-                    Device::Cpu());
-}
 
 Tensor IdView(std::vector<int32_t>& ids) {
   return Tensor::Of(ids.data(), DType::kI32, {static_cast<int64_t>(ids.size())},
                     Device::Cpu());
-}
-
-double RoundTo(DType dtype, double value) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<float>(value);
-    case DType::kBF16:
-      return Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
-    default:
-      return value;
-  }
-}
-
-double MaxAbs(const std::vector<double>& values) {
-  double max = 0;
-  for (double v : values) max = std::max(max, std::abs(v));
-  return max;
-}
-
-std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
-double Dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 // Ids uniform in [0, vocab) with both ends present and repeats.
@@ -132,25 +85,24 @@ TEST_P(EmbeddingCpuTest, ForwardMatchesExactSum) {
   ASSERT_NE(cpu, nullptr);
   const Dims d;
   std::vector<int32_t> ids = RandomIds(d.rows(), d.vocab, seed);
-  EMB_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(
       OwnedTensor tokens,
       FromHost(*cpu, dtype, {d.vocab, d.cols},
                RandomValues(d.vocab * d.cols, seed + 1, -1, 1)));
-  EMB_ASSERT_OK_AND_ASSIGN(
+  ASSERT_OK_AND_ASSIGN(
       OwnedTensor positions,
       FromHost(*cpu, dtype, {d.positions, d.cols},
                RandomValues(d.positions * d.cols, seed + 2, -1, 1)));
-  EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> tok, ToHost(*cpu, tokens.view));
-  EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> pos,
-                           ToHost(*cpu, positions.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> tok, ToHost(*cpu, tokens.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> pos, ToHost(*cpu, positions.view));
   for (bool with_positions : {false, true}) {
     SCOPED_TRACE(with_positions ? "positions" : "no positions");
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor out,
-                             PoisonedTensor(*cpu, dtype, {d.rows(), d.cols}));
-    EMB_ASSERT_OK(EmbeddingForward(*cpu, IdView(ids), tokens.view,
-                                   with_positions ? &positions.view : nullptr,
-                                   d.seq, out.view));
-    EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*cpu, out.view));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor out,
+                         PoisonedTensor(*cpu, dtype, {d.rows(), d.cols}));
+    ASSERT_OK(EmbeddingForward(*cpu, IdView(ids), tokens.view,
+                               with_positions ? &positions.view : nullptr,
+                               d.seq, out.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*cpu, out.view));
     std::vector<double> expected;
     for (int64_t r = 0; r < d.rows(); ++r) {
       for (int64_t c = 0; c < d.cols; ++c) {
@@ -186,12 +138,12 @@ TEST_P(EmbeddingGradientTest, MatchesFiniteDifferences) {
   const std::vector<double> w =
       RandomValues(d.rows() * d.cols, seed + 3, -1, 1);
   std::vector<double> out(d.rows() * d.cols);
-  const Tensor pos_view = View(pos, {d.positions, d.cols});
+  const Tensor pos_view = F64View(pos, {d.positions, d.cols});
   auto objective = [&]() {
     const absl::Status status =
-        EmbeddingForward(*cpu, IdView(ids), View(tok, {d.vocab, d.cols}),
+        EmbeddingForward(*cpu, IdView(ids), F64View(tok, {d.vocab, d.cols}),
                          with_positions ? &pos_view : nullptr, d.seq,
-                         View(out, {d.rows(), d.cols}));
+                         F64View(out, {d.rows(), d.cols}));
     EXPECT_TRUE(status.ok()) << status;
     return Dot(w, out);
   };
@@ -208,10 +160,11 @@ TEST_P(EmbeddingGradientTest, MatchesFiniteDifferences) {
       RandomValues(d.positions * d.cols, seed + 5, -1, 1);
   std::vector<double> d_tok = d_tok0;
   std::vector<double> d_pos = d_pos0;
-  const Tensor d_pos_view = View(d_pos, {d.positions, d.cols});
-  EMB_ASSERT_OK(EmbeddingBackward(
-      *cpu, IdView(ids), View(d_out, {d.rows(), d.cols}), d.seq,
-      View(d_tok, {d.vocab, d.cols}), with_positions ? &d_pos_view : nullptr));
+  const Tensor d_pos_view = F64View(d_pos, {d.positions, d.cols});
+  ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids),
+                              F64View(d_out, {d.rows(), d.cols}), d.seq,
+                              F64View(d_tok, {d.vocab, d.cols}),
+                              with_positions ? &d_pos_view : nullptr));
   EXPECT_TRUE(AllClose(d_tok, Plus(d_tok0, fd_tok), 1e-12, 1e-12));
   if (with_positions) {
     EXPECT_TRUE(AllClose(d_pos, Plus(d_pos0, fd_pos), 1e-12, 1e-12));
@@ -234,28 +187,24 @@ TEST(EmbeddingCpuTest, F32BackwardMatchesF64) {
   std::vector<double> d_out = RandomValues(d.rows() * d.cols, seed + 1, -1, 1);
   std::vector<double> d_tok(d.vocab * d.cols, 0.0);
   std::vector<double> d_pos(d.positions * d.cols, 0.0);
-  const Tensor d_pos_view = View(d_pos, {d.positions, d.cols});
-  EMB_ASSERT_OK_AND_ASSIGN(
-      OwnedTensor d_out32,
-      FromHost(*cpu, DType::kF32, {d.rows(), d.cols}, d_out));
-  EMB_ASSERT_OK_AND_ASSIGN(d_out, ToHost(*cpu, d_out32.view));
-  EMB_ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids),
-                                  View(d_out, {d.rows(), d.cols}), d.seq,
-                                  View(d_tok, {d.vocab, d.cols}), &d_pos_view));
-  EMB_ASSERT_OK_AND_ASSIGN(
-      OwnedTensor d_tok32,
-      FromHost(*cpu, DType::kF32, {d.vocab, d.cols},
-               std::vector<double>(d.vocab * d.cols, 0.0)));
-  EMB_ASSERT_OK_AND_ASSIGN(
+  const Tensor d_pos_view = F64View(d_pos, {d.positions, d.cols});
+  ASSERT_OK_AND_ASSIGN(OwnedTensor d_out32,
+                       FromHost(*cpu, DType::kF32, {d.rows(), d.cols}, d_out));
+  ASSERT_OK_AND_ASSIGN(d_out, ToHost(*cpu, d_out32.view));
+  ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids),
+                              F64View(d_out, {d.rows(), d.cols}), d.seq,
+                              F64View(d_tok, {d.vocab, d.cols}), &d_pos_view));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok32,
+                       FromHost(*cpu, DType::kF32, {d.vocab, d.cols},
+                                std::vector<double>(d.vocab * d.cols, 0.0)));
+  ASSERT_OK_AND_ASSIGN(
       OwnedTensor d_pos32,
       FromHost(*cpu, DType::kF32, {d.positions, d.cols},
                std::vector<double>(d.positions * d.cols, 0.0)));
-  EMB_ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids), d_out32.view, d.seq,
-                                  d_tok32.view, &d_pos32.view));
-  EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got_tok,
-                           ToHost(*cpu, d_tok32.view));
-  EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got_pos,
-                           ToHost(*cpu, d_pos32.view));
+  ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids), d_out32.view, d.seq,
+                              d_tok32.view, &d_pos32.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> got_tok, ToHost(*cpu, d_tok32.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> got_pos, ToHost(*cpu, d_pos32.view));
   EXPECT_TRUE(AllClose(got_tok, d_tok, 1e-6, 1e-6));
   EXPECT_TRUE(AllClose(got_pos, d_pos, 1e-6, 1e-6));
 }
@@ -314,31 +263,29 @@ TEST_P(EmbeddingGpuTest, MatchesCpu) {
   ASSERT_NE(gpu, nullptr);
   const int64_t rows = g.seq * g.batch, positions = g.seq + 3;
   std::vector<int32_t> ids = RandomIds(rows, g.vocab, seed);
-  EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor ids_gpu,
-                           FromHost(*gpu, DType::kI32, {rows}, AsDoubles(ids)));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor ids_gpu,
+                       FromHost(*gpu, DType::kI32, {rows}, AsDoubles(ids)));
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (bool with_positions : {false, true}) {
       SCOPED_TRACE(
           absl::StrCat(DTypeName(dtype), with_positions ? " positions" : ""));
       const bool mis = g.misaligned;
-      EMB_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(
           Placed tok,
           Place(*gpu, dtype, {g.vocab, g.cols},
                 RandomValues(g.vocab * g.cols, seed + 1, -1, 1), mis));
-      EMB_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(
           Placed pos,
           Place(*gpu, dtype, {positions, g.cols},
                 RandomValues(positions * g.cols, seed + 2, -1, 1), mis));
-      EMB_ASSERT_OK_AND_ASSIGN(
-          Placed out, Place(*gpu, dtype, {rows, g.cols}, {}, mis, true));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> tok_h,
-                               ToHost(*gpu, tok.view));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> pos_h,
-                               ToHost(*gpu, pos.view));
-      EMB_ASSERT_OK(EmbeddingForward(*gpu, ids_gpu.view, tok.view,
-                                     with_positions ? &pos.view : nullptr,
-                                     g.seq, out.view));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*gpu, out.view));
+      ASSERT_OK_AND_ASSIGN(Placed out,
+                           Place(*gpu, dtype, {rows, g.cols}, {}, mis, true));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> tok_h, ToHost(*gpu, tok.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> pos_h, ToHost(*gpu, pos.view));
+      ASSERT_OK(EmbeddingForward(*gpu, ids_gpu.view, tok.view,
+                                 with_positions ? &pos.view : nullptr, g.seq,
+                                 out.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*gpu, out.view));
       // One f32 add of two representable values, rounded once: exact.
       std::vector<double> expected;
       for (int64_t r = 0; r < rows; ++r) {
@@ -354,7 +301,7 @@ TEST_P(EmbeddingGpuTest, MatchesCpu) {
       EXPECT_EQ(got, expected);
 
       // Backward, accumulating into preset f32 gradients.
-      EMB_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(
           Placed d_out,
           Place(*gpu, dtype, {rows, g.cols},
                 RandomValues(rows * g.cols, seed + 3, -1, 1), mis));
@@ -362,28 +309,28 @@ TEST_P(EmbeddingGpuTest, MatchesCpu) {
           RandomValues(g.vocab * g.cols, seed + 4, -1, 1);
       std::vector<double> d_pos =
           RandomValues(positions * g.cols, seed + 5, -1, 1);
-      EMB_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(
           Placed d_tok_gpu,
           Place(*gpu, DType::kF32, {g.vocab, g.cols}, d_tok, mis));
-      EMB_ASSERT_OK_AND_ASSIGN(
+      ASSERT_OK_AND_ASSIGN(
           Placed d_pos_gpu,
           Place(*gpu, DType::kF32, {positions, g.cols}, d_pos, mis));
-      EMB_ASSERT_OK_AND_ASSIGN(d_tok, ToHost(*gpu, d_tok_gpu.view));
-      EMB_ASSERT_OK_AND_ASSIGN(d_pos, ToHost(*gpu, d_pos_gpu.view));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> d_out_h,
-                               ToHost(*gpu, d_out.view));
-      EMB_ASSERT_OK(EmbeddingBackward(
-          *gpu, ids_gpu.view, d_out.view, g.seq, d_tok_gpu.view,
-          with_positions ? &d_pos_gpu.view : nullptr));
-      const Tensor d_pos_view = View(d_pos, {positions, g.cols});
-      EMB_ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids),
-                                      View(d_out_h, {rows, g.cols}), g.seq,
-                                      View(d_tok, {g.vocab, g.cols}),
-                                      with_positions ? &d_pos_view : nullptr));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got_tok,
-                               ToHost(*gpu, d_tok_gpu.view));
-      EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> got_pos,
-                               ToHost(*gpu, d_pos_gpu.view));
+      ASSERT_OK_AND_ASSIGN(d_tok, ToHost(*gpu, d_tok_gpu.view));
+      ASSERT_OK_AND_ASSIGN(d_pos, ToHost(*gpu, d_pos_gpu.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> d_out_h,
+                           ToHost(*gpu, d_out.view));
+      ASSERT_OK(EmbeddingBackward(*gpu, ids_gpu.view, d_out.view, g.seq,
+                                  d_tok_gpu.view,
+                                  with_positions ? &d_pos_gpu.view : nullptr));
+      const Tensor d_pos_view = F64View(d_pos, {positions, g.cols});
+      ASSERT_OK(EmbeddingBackward(*cpu, IdView(ids),
+                                  F64View(d_out_h, {rows, g.cols}), g.seq,
+                                  F64View(d_tok, {g.vocab, g.cols}),
+                                  with_positions ? &d_pos_view : nullptr));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> got_tok,
+                           ToHost(*gpu, d_tok_gpu.view));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> got_pos,
+                           ToHost(*gpu, d_pos_gpu.view));
       // fp32 sums of a few dozen terms of magnitude <= 1.
       EXPECT_TRUE(AllClose(got_tok, d_tok, 1e-5 * MaxAbs(d_tok), 1e-5));
       EXPECT_TRUE(AllClose(got_pos, d_pos, 1e-5 * MaxAbs(d_pos), 1e-5));
@@ -408,24 +355,23 @@ TEST(EmbeddingGpuTest, PositionGradientIsDeterministic) {
   ASSERT_NE(gpu, nullptr);
   const int64_t seq = 64, batch = 32, cols = 768, vocab = 100;
   const int64_t rows = seq * batch;
-  EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor ids,
-                           FromHost(*gpu, DType::kI32, {rows},
-                                    AsDoubles(RandomIds(rows, vocab, seed))));
-  EMB_ASSERT_OK_AND_ASSIGN(
-      OwnedTensor d_out, FromHost(*gpu, DType::kBF16, {rows, cols},
-                                  RandomValues(rows * cols, seed + 1, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor ids,
+                       FromHost(*gpu, DType::kI32, {rows},
+                                AsDoubles(RandomIds(rows, vocab, seed))));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                       FromHost(*gpu, DType::kBF16, {rows, cols},
+                                RandomValues(rows * cols, seed + 1, -1, 1)));
   std::vector<std::vector<double>> results;
   for (int run = 0; run < 2; ++run) {
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
-                             FromHost(*gpu, DType::kF32, {vocab, cols},
-                                      std::vector<double>(vocab * cols, 0.0)));
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor d_pos,
-                             FromHost(*gpu, DType::kF32, {seq, cols},
-                                      std::vector<double>(seq * cols, 0.5)));
-    EMB_ASSERT_OK(EmbeddingBackward(*gpu, ids.view, d_out.view, seq, d_tok.view,
-                                    &d_pos.view));
-    EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> values,
-                             ToHost(*gpu, d_pos.view));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
+                         FromHost(*gpu, DType::kF32, {vocab, cols},
+                                  std::vector<double>(vocab * cols, 0.0)));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_pos,
+                         FromHost(*gpu, DType::kF32, {seq, cols},
+                                  std::vector<double>(seq * cols, 0.5)));
+    ASSERT_OK(EmbeddingBackward(*gpu, ids.view, d_out.view, seq, d_tok.view,
+                                &d_pos.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> values, ToHost(*gpu, d_pos.view));
     results.push_back(values);
   }
   EXPECT_EQ(results[0], results[1]);
@@ -440,27 +386,25 @@ TEST(EmbeddingGpuTest, BadIdWritesNothing) {
     SCOPED_TRACE(bad);
     std::vector<double> ids(rows, 3.0);
     ids[5] = bad;
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor ids_t,
-                             FromHost(*gpu, DType::kI32, {rows}, ids));
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor tok,
-                             FromHost(*gpu, DType::kBF16, {vocab, cols},
-                                      std::vector<double>(vocab * cols, 1.0)));
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor out,
-                             PoisonedTensor(*gpu, DType::kBF16, {rows, cols}));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor ids_t,
+                         FromHost(*gpu, DType::kI32, {rows}, ids));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor tok,
+                         FromHost(*gpu, DType::kBF16, {vocab, cols},
+                                  std::vector<double>(vocab * cols, 1.0)));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor out,
+                         PoisonedTensor(*gpu, DType::kBF16, {rows, cols}));
     const absl::Status forward =
         EmbeddingForward(*gpu, ids_t.view, tok.view, nullptr, seq, out.view);
     EXPECT_EQ(forward.code(), absl::StatusCode::kInvalidArgument) << forward;
-    EMB_ASSERT_OK_AND_ASSIGN(int64_t poisoned,
-                             test::CountPoison(*gpu, out.view));
+    ASSERT_OK_AND_ASSIGN(int64_t poisoned, test::CountPoison(*gpu, out.view));
     EXPECT_EQ(poisoned, rows * cols);
-    EMB_ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
-                             FromHost(*gpu, DType::kF32, {vocab, cols},
-                                      std::vector<double>(vocab * cols, 2.0)));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
+                         FromHost(*gpu, DType::kF32, {vocab, cols},
+                                  std::vector<double>(vocab * cols, 2.0)));
     const absl::Status backward =
         EmbeddingBackward(*gpu, ids_t.view, out.view, seq, d_tok.view, nullptr);
     EXPECT_EQ(backward.code(), absl::StatusCode::kInvalidArgument) << backward;
-    EMB_ASSERT_OK_AND_ASSIGN(std::vector<double> d_tok_h,
-                             ToHost(*gpu, d_tok.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> d_tok_h, ToHost(*gpu, d_tok.view));
     for (double v : d_tok_h) EXPECT_EQ(v, 2.0);
   }
 }
@@ -476,9 +420,9 @@ TEST(EmbeddingInvalidTest, Forward) {
   std::vector<double> tok = RandomValues(d.vocab * d.cols, 1, -1, 1);
   std::vector<double> pos = RandomValues(d.positions * d.cols, 2, -1, 1);
   std::vector<double> out(d.rows() * d.cols, kNaN);
-  const Tensor tok_v = View(tok, {d.vocab, d.cols});
-  const Tensor pos_v = View(pos, {d.positions, d.cols});
-  const Tensor out_v = View(out, {d.rows(), d.cols});
+  const Tensor tok_v = F64View(tok, {d.vocab, d.cols});
+  const Tensor pos_v = F64View(pos, {d.positions, d.cols});
+  const Tensor out_v = F64View(out, {d.rows(), d.cols});
   auto expect_invalid = [&](const absl::Status& status) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     for (double v : out) EXPECT_TRUE(std::isnan(v));
@@ -495,7 +439,7 @@ TEST(EmbeddingInvalidTest, Forward) {
   // rows % seq != 0, seq < 1, too few positions.
   std::vector<int32_t> short_ids(ids.begin(), ids.end() - 1);
   expect_invalid(EmbeddingForward(*cpu, IdView(short_ids), tok_v, &pos_v, d.seq,
-                                  View(out, {d.rows() - 1, d.cols})));
+                                  F64View(out, {d.rows() - 1, d.cols})));
   expect_invalid(EmbeddingForward(*cpu, IdView(ids), tok_v, &pos_v, 0, out_v));
   expect_invalid(
       EmbeddingForward(*cpu, IdView(ids), tok_v, &pos_v, d.rows(), out_v));
@@ -507,7 +451,7 @@ TEST(EmbeddingInvalidTest, Forward) {
   ids_i64.dtype = DType::kI64;
   ids_i64.shape = {d.rows() / 2};
   expect_invalid(EmbeddingForward(*cpu, ids_i64, tok_v, &pos_v, d.seq / 2,
-                                  View(out, {d.rows() / 2, d.cols})));
+                                  F64View(out, {d.rows() / 2, d.cols})));
   Tensor tok_i32 = tok_v;
   tok_i32.dtype = DType::kI32;
   expect_invalid(
@@ -518,8 +462,8 @@ TEST(EmbeddingInvalidTest, Forward) {
       EmbeddingForward(*cpu, IdView(ids), tok_v, &pos_v, d.seq, out_f32));
   // Shapes.
   expect_invalid(EmbeddingForward(*cpu, IdView(ids), tok_v, &pos_v, d.seq,
-                                  View(out, {d.rows(), d.cols - 1})));
-  const Tensor narrow_positions = View(pos, {d.positions, d.cols - 1});
+                                  F64View(out, {d.rows(), d.cols - 1})));
+  const Tensor narrow_positions = F64View(pos, {d.positions, d.cols - 1});
   expect_invalid(EmbeddingForward(*cpu, IdView(ids), tok_v, &narrow_positions,
                                   d.seq, out_v));
   // Null data, device, overlap.
@@ -530,8 +474,9 @@ TEST(EmbeddingInvalidTest, Forward) {
   tok_gpu.device = Device::Cuda(0);
   expect_invalid(
       EmbeddingForward(*cpu, IdView(ids), tok_gpu, &pos_v, d.seq, out_v));
-  expect_invalid(EmbeddingForward(
-      *cpu, IdView(ids), View(out, {d.vocab, d.cols}), nullptr, d.seq, out_v));
+  expect_invalid(EmbeddingForward(*cpu, IdView(ids),
+                                  F64View(out, {d.vocab, d.cols}), nullptr,
+                                  d.seq, out_v));
 }
 
 TEST(EmbeddingInvalidTest, Backward) {
@@ -542,9 +487,9 @@ TEST(EmbeddingInvalidTest, Backward) {
   std::vector<double> d_out = RandomValues(d.rows() * d.cols, 3, -1, 1);
   std::vector<double> d_tok(d.vocab * d.cols, 4.0);
   std::vector<double> d_pos(d.positions * d.cols, 4.0);
-  const Tensor d_out_v = View(d_out, {d.rows(), d.cols});
-  const Tensor d_tok_v = View(d_tok, {d.vocab, d.cols});
-  const Tensor d_pos_v = View(d_pos, {d.positions, d.cols});
+  const Tensor d_out_v = F64View(d_out, {d.rows(), d.cols});
+  const Tensor d_tok_v = F64View(d_tok, {d.vocab, d.cols});
+  const Tensor d_pos_v = F64View(d_pos, {d.positions, d.cols});
   auto expect_invalid = [&](const absl::Status& status) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     for (double v : d_tok) EXPECT_EQ(v, 4.0);
@@ -557,13 +502,13 @@ TEST(EmbeddingInvalidTest, Backward) {
   expect_invalid(
       EmbeddingBackward(*cpu, IdView(ids), d_out_v, 5, d_tok_v, &d_pos_v));
   expect_invalid(EmbeddingBackward(*cpu, IdView(ids),
-                                   View(d_out, {d.rows() / 2, 2 * d.cols}),
+                                   F64View(d_out, {d.rows() / 2, 2 * d.cols}),
                                    d.seq, d_tok_v, &d_pos_v));
   Tensor d_tok_f32 = d_tok_v;
   d_tok_f32.dtype = DType::kF32;  // f64 d_out accumulates into f64
   expect_invalid(EmbeddingBackward(*cpu, IdView(ids), d_out_v, d.seq, d_tok_f32,
                                    &d_pos_v));
-  const Tensor few_positions = View(d_pos, {d.seq - 1, d.cols});
+  const Tensor few_positions = F64View(d_pos, {d.seq - 1, d.cols});
   expect_invalid(EmbeddingBackward(*cpu, IdView(ids), d_out_v, d.seq, d_tok_v,
                                    &few_positions));
   expect_invalid(

@@ -31,77 +31,19 @@ namespace ops {
 namespace {
 
 using test::AllClose;
+using test::Dot;
+using test::F64View;
 using test::FromHost;
+using test::MakeContext;
+using test::MaxAbs;
+using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::Rounded;
 using test::ToHost;
-
-#define NORM_ASSERT_OK(expr)                                \
-  do {                                                      \
-    const absl::Status norm_test_status = (expr);           \
-    ASSERT_TRUE(norm_test_status.ok()) << norm_test_status; \
-  } while (false)
-
-#define NORM_ASSERT_OK_AND_ASSIGN(lhs, expr)                                  \
-  NORM_ASSERT_OK_AND_ASSIGN_IMPL(LOSSRT_CONCAT(norm_test_or_, __LINE__), lhs, \
-                                 expr)
-#define NORM_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                   \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();               \
-  lhs = std::move(tmp).value()
 
 constexpr double kEps = 1e-5;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::unique_ptr<Context> MakeContext(Device device) {
-  auto context = Context::Create(device);
-  EXPECT_TRUE(context.ok()) << context.status();
-  return context.ok() ? std::move(context).value() : nullptr;
-}
-
-// A CPU f64 view of a host vector.
-Tensor View(std::vector<double>& values, Shape shape) {
-  return Tensor::Of(values.data(), DType::kF64, std::move(shape),
-                    Device::Cpu());
-}
-
-// Central differences with Richardson extrapolation: error O(h^4), so that
-// the f64 gradients can be held to ~1e-10.
-std::vector<double> Gradient(const std::function<double()>& objective,
-                             std::vector<double>& x) {
-  constexpr double kStep = 1e-3;
-  std::vector<double> fine = test::NumericalGradient(objective, x, kStep);
-  const std::vector<double> coarse =
-      test::NumericalGradient(objective, x, 2 * kStep);
-  for (size_t i = 0; i < fine.size(); ++i) {
-    fine[i] = (4 * fine[i] - coarse[i]) / 3;
-  }
-  return fine;
-}
-
-double MaxAbs(const std::vector<double>& values) {
-  double max = 0;
-  for (double v : values) max = std::max(max, std::abs(v));
-  return max;
-}
-
-std::vector<double> Plus(std::vector<double> a, const std::vector<double>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
-double Dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-std::vector<double> RoundedTo(DType dtype, std::vector<double> values) {
-  for (double& v : values) {
-    v = dtype == DType::kF32 ? static_cast<double>(static_cast<float>(v)) : v;
-  }
-  return values;
-}
 
 // The norm in plain double loops.
 struct Reference {
@@ -156,41 +98,40 @@ TEST_P(NormForwardTest, MatchesDouble) {
   std::vector<double> x = RandomValues(rows * cols, seed, 10, 14);
   std::vector<double> gamma = RandomValues(cols, seed + 1, 0.5, 1.5);
   std::vector<double> beta = RandomValues(cols, seed + 2, -1, 1);
-  x = RoundedTo(param.dtype, x);
-  gamma = RoundedTo(param.dtype, gamma);
-  beta = RoundedTo(param.dtype, beta);
+  x = Rounded(param.dtype, x);
+  gamma = Rounded(param.dtype, gamma);
+  beta = Rounded(param.dtype, beta);
   const DType dtype = param.dtype;
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor x_t,
-                            FromHost(*context, dtype, {rows, cols}, x));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor gamma_t,
-                            FromHost(*context, dtype, {cols}, gamma));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor beta_t,
-                            FromHost(*context, dtype, {cols}, beta));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor y_t,
-                            PoisonedTensor(*context, dtype, {rows, cols}));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor mean_t,
-                            PoisonedTensor(*context, dtype, {rows}));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor rstd_t,
-                            PoisonedTensor(*context, dtype, {rows}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x_t,
+                       FromHost(*context, dtype, {rows, cols}, x));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor gamma_t,
+                       FromHost(*context, dtype, {cols}, gamma));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor beta_t,
+                       FromHost(*context, dtype, {cols}, beta));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y_t,
+                       PoisonedTensor(*context, dtype, {rows, cols}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor mean_t,
+                       PoisonedTensor(*context, dtype, {rows}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor rstd_t,
+                       PoisonedTensor(*context, dtype, {rows}));
   if (param.rms) {
-    NORM_ASSERT_OK(RmsNormForward(*context, x_t.view, gamma_t.view, kEps,
-                                  y_t.view, rstd_t.view));
+    ASSERT_OK(RmsNormForward(*context, x_t.view, gamma_t.view, kEps, y_t.view,
+                             rstd_t.view));
   } else {
-    NORM_ASSERT_OK(LayerNormForward(*context, x_t.view, gamma_t.view,
-                                    param.beta ? &beta_t.view : nullptr, kEps,
-                                    y_t.view, mean_t.view, rstd_t.view));
+    ASSERT_OK(LayerNormForward(*context, x_t.view, gamma_t.view,
+                               param.beta ? &beta_t.view : nullptr, kEps,
+                               y_t.view, mean_t.view, rstd_t.view));
   }
   const Reference ref = NormReference(x, gamma, param.beta ? &beta : nullptr,
                                       rows, cols, param.rms);
   const double tol = dtype == DType::kF64 ? 1e-13 : 1e-6;
-  NORM_ASSERT_OK_AND_ASSIGN(std::vector<double> y, ToHost(*context, y_t.view));
-  NORM_ASSERT_OK_AND_ASSIGN(std::vector<double> rstd,
-                            ToHost(*context, rstd_t.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> y, ToHost(*context, y_t.view));
+  ASSERT_OK_AND_ASSIGN(std::vector<double> rstd, ToHost(*context, rstd_t.view));
   EXPECT_TRUE(AllClose(y, ref.y, tol, tol));
   EXPECT_TRUE(AllClose(rstd, ref.rstd, tol, tol));
   if (!param.rms) {
-    NORM_ASSERT_OK_AND_ASSIGN(std::vector<double> mean,
-                              ToHost(*context, mean_t.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> mean,
+                         ToHost(*context, mean_t.view));
     EXPECT_TRUE(AllClose(mean, ref.mean, tol, tol));
   }
 }
@@ -236,12 +177,12 @@ TEST_P(NormGradientTest, MatchesFiniteDifferences) {
   std::vector<double> beta = RandomValues(cols, seed + 2, -1, 1);
   const std::vector<double> w = RandomValues(rows * cols, seed + 3, -1, 1);
   std::vector<double> y(rows * cols), mean(rows), rstd(rows);
-  const Tensor x_v = View(x, {rows, cols});
-  const Tensor gamma_v = View(gamma, {cols});
-  const Tensor beta_v = View(beta, {cols});
-  const Tensor y_v = View(y, {rows, cols});
-  const Tensor mean_v = View(mean, {rows});
-  const Tensor rstd_v = View(rstd, {rows});
+  const Tensor x_v = F64View(x, {rows, cols});
+  const Tensor gamma_v = F64View(gamma, {cols});
+  const Tensor beta_v = F64View(beta, {cols});
+  const Tensor y_v = F64View(y, {rows, cols});
+  const Tensor mean_v = F64View(mean, {rows});
+  const Tensor rstd_v = F64View(rstd, {rows});
   auto forward = [&]() {
     return param.rms ? RmsNormForward(*context, x_v, gamma_v, kEps, y_v, rstd_v)
                      : LayerNormForward(*context, x_v, gamma_v,
@@ -254,11 +195,13 @@ TEST_P(NormGradientTest, MatchesFiniteDifferences) {
     EXPECT_TRUE(status.ok()) << status;
     return Dot(w, y);
   };
-  const std::vector<double> fd_x = Gradient(objective, x);
-  const std::vector<double> fd_gamma = Gradient(objective, gamma);
-  const std::vector<double> fd_beta = Gradient(objective, beta);
+  const std::vector<double> fd_x = test::RichardsonGradient(objective, x, 1e-3);
+  const std::vector<double> fd_gamma =
+      test::RichardsonGradient(objective, gamma, 1e-3);
+  const std::vector<double> fd_beta =
+      test::RichardsonGradient(objective, beta, 1e-3);
 
-  NORM_ASSERT_OK(forward());
+  ASSERT_OK(forward());
   std::vector<double> dy = w;
   const std::vector<double> dx0 = RandomValues(rows * cols, seed + 4, -1, 1);
   const std::vector<double> d_gamma0 = RandomValues(cols, seed + 5, -1, 1);
@@ -267,15 +210,15 @@ TEST_P(NormGradientTest, MatchesFiniteDifferences) {
       param.accumulate ? dx0 : std::vector<double>(rows * cols, kNaN);
   std::vector<double> d_gamma = d_gamma0;
   std::vector<double> d_beta = d_beta0;
-  const Tensor d_beta_v = View(d_beta, {cols});
+  const Tensor d_beta_v = F64View(d_beta, {cols});
   if (param.rms) {
-    NORM_ASSERT_OK(RmsNormBackward(
-        *context, x_v, gamma_v, rstd_v, View(dy, {rows, cols}),
-        View(dx, {rows, cols}), param.accumulate, View(d_gamma, {cols})));
+    ASSERT_OK(RmsNormBackward(
+        *context, x_v, gamma_v, rstd_v, F64View(dy, {rows, cols}),
+        F64View(dx, {rows, cols}), param.accumulate, F64View(d_gamma, {cols})));
   } else {
-    NORM_ASSERT_OK(LayerNormBackward(
-        *context, x_v, gamma_v, mean_v, rstd_v, View(dy, {rows, cols}),
-        View(dx, {rows, cols}), param.accumulate, View(d_gamma, {cols}),
+    ASSERT_OK(LayerNormBackward(
+        *context, x_v, gamma_v, mean_v, rstd_v, F64View(dy, {rows, cols}),
+        F64View(dx, {rows, cols}), param.accumulate, F64View(d_gamma, {cols}),
         param.beta ? &d_beta_v : nullptr));
   }
   constexpr double kTol = 1e-10;
@@ -454,8 +397,8 @@ TEST(NormCpuTest, F32MatchesF64) {
   for (bool rms : {false, true}) {
     SCOPED_TRACE(rms ? "RmsNorm" : "LayerNorm");
     const RunInputs in = RandomInputs(seed, 7, 45, rms, !rms, true, false);
-    NORM_ASSERT_OK_AND_ASSIGN(RunOutputs f32, RunNorm(*cpu, DType::kF32, in));
-    NORM_ASSERT_OK_AND_ASSIGN(RunOutputs ref, ReferenceOn(*cpu, in, f32));
+    ASSERT_OK_AND_ASSIGN(RunOutputs f32, RunNorm(*cpu, DType::kF32, in));
+    ASSERT_OK_AND_ASSIGN(RunOutputs ref, ReferenceOn(*cpu, in, f32));
     EXPECT_TRUE(Near(f32.y, ref.y, 1e-5, 1e-6));
     EXPECT_TRUE(Near(f32.rstd, ref.rstd, 1e-6, 0));
     EXPECT_TRUE(Near(f32.dx, ref.dx, 1e-5, 1e-6));
@@ -473,13 +416,13 @@ TEST(NormCpuTest, EmptyRowsAreANoOp) {
   std::vector<double> gamma = {1, 2, 3};
   std::vector<double> d_gamma = {4, 5, 6};
   std::vector<double> none;
-  const Tensor empty = View(none, {0, 3});
-  const Tensor stats = View(none, {0});
-  NORM_ASSERT_OK(LayerNormForward(*cpu, empty, View(gamma, {3}), nullptr, kEps,
-                                  empty, stats, stats));
-  NORM_ASSERT_OK(LayerNormBackward(*cpu, empty, View(gamma, {3}), stats, stats,
-                                   empty, empty, false, View(d_gamma, {3}),
-                                   nullptr));
+  const Tensor empty = F64View(none, {0, 3});
+  const Tensor stats = F64View(none, {0});
+  ASSERT_OK(LayerNormForward(*cpu, empty, F64View(gamma, {3}), nullptr, kEps,
+                             empty, stats, stats));
+  ASSERT_OK(LayerNormBackward(*cpu, empty, F64View(gamma, {3}), stats, stats,
+                              empty, empty, false, F64View(d_gamma, {3}),
+                              nullptr));
   EXPECT_EQ(d_gamma, (std::vector<double>{4, 5, 6}));
 }
 
@@ -496,12 +439,12 @@ TEST(NormCpuTest, WorkspaceBytesCoverTheBackward) {
             2 * 2 * cols * 4);
   EXPECT_LE(NormBackwardWorkspaceBytes(Device::Cuda(0), 1 << 20, cols),
             2 * 16 * 256 * cols * 4);
-  NORM_ASSERT_OK(cpu->ReserveWorkspace(bytes));
+  ASSERT_OK(cpu->ReserveWorkspace(bytes));
   const int64_t reserved = cpu->workspace_bytes();
-  NORM_ASSERT_OK_AND_ASSIGN(
-      RunOutputs out, RunNorm(*cpu, DType::kF64,
-                              RandomInputs(test::TestSeed(), rows, cols, false,
-                                           true, false, false)));
+  ASSERT_OK_AND_ASSIGN(RunOutputs out,
+                       RunNorm(*cpu, DType::kF64,
+                               RandomInputs(test::TestSeed(), rows, cols, false,
+                                            true, false, false)));
   EXPECT_EQ(cpu->workspace_bytes(), reserved);  // no growth on the hot path
 }
 
@@ -535,8 +478,8 @@ TEST_P(NormGpuTest, MatchesCpuF64) {
                                     accumulate ? " accumulate" : ""));
           const RunInputs in = RandomInputs(seed, shape.rows, shape.cols, rms,
                                             beta, accumulate, shape.misaligned);
-          NORM_ASSERT_OK_AND_ASSIGN(RunOutputs got, RunNorm(*gpu, dtype, in));
-          NORM_ASSERT_OK_AND_ASSIGN(RunOutputs ref, ReferenceOn(*cpu, in, got));
+          ASSERT_OK_AND_ASSIGN(RunOutputs got, RunNorm(*gpu, dtype, in));
+          ASSERT_OK_AND_ASSIGN(RunOutputs ref, ReferenceOn(*cpu, in, got));
           // bf16 outputs: one rounding (2^-9 relative) after fp32 math.
           const bool bf16 = dtype == DType::kBF16;
           const double rtol = bf16 ? 1.0 / 128 : 2e-5;
@@ -552,7 +495,7 @@ TEST_P(NormGpuTest, MatchesCpuF64) {
           EXPECT_TRUE(
               Near(got.d_beta, beta ? ref.d_beta : in.d_beta0, 1e-4, 1e-5));
           // Deterministic: a second run gives the same bits.
-          NORM_ASSERT_OK_AND_ASSIGN(RunOutputs again, RunNorm(*gpu, dtype, in));
+          ASSERT_OK_AND_ASSIGN(RunOutputs again, RunNorm(*gpu, dtype, in));
           EXPECT_EQ(again.y, got.y);
           EXPECT_EQ(again.dx, got.dx);
           EXPECT_EQ(again.d_gamma, got.d_gamma);
@@ -583,13 +526,13 @@ TEST(NormGpuTest, WorkspaceBytesCoverTheBackward) {
   auto gpu = MakeContext(Device::Cuda(0));
   ASSERT_NE(gpu, nullptr);
   const int64_t rows = 4000, cols = 768;
-  NORM_ASSERT_OK(gpu->ReserveWorkspace(
+  ASSERT_OK(gpu->ReserveWorkspace(
       NormBackwardWorkspaceBytes(gpu->device(), rows, cols)));
   const int64_t reserved = gpu->workspace_bytes();
-  NORM_ASSERT_OK_AND_ASSIGN(
-      RunOutputs out, RunNorm(*gpu, DType::kBF16,
-                              RandomInputs(test::TestSeed(), rows, cols, false,
-                                           true, false, false)));
+  ASSERT_OK_AND_ASSIGN(RunOutputs out,
+                       RunNorm(*gpu, DType::kBF16,
+                               RandomInputs(test::TestSeed(), rows, cols, false,
+                                            true, false, false)));
   EXPECT_EQ(gpu->workspace_bytes(), reserved);
 }
 
@@ -597,14 +540,14 @@ TEST(NormGpuTest, RejectsF64) {
   SKIP_WITHOUT_GPU();
   auto gpu = MakeContext(Device::Cuda(0));
   ASSERT_NE(gpu, nullptr);
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor x,
-                            PoisonedTensor(*gpu, DType::kF64, {2, 8}));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor gamma,
-                            PoisonedTensor(*gpu, DType::kF64, {8}));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor y,
-                            PoisonedTensor(*gpu, DType::kF64, {2, 8}));
-  NORM_ASSERT_OK_AND_ASSIGN(OwnedTensor rstd,
-                            PoisonedTensor(*gpu, DType::kF64, {2}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                       PoisonedTensor(*gpu, DType::kF64, {2, 8}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor gamma,
+                       PoisonedTensor(*gpu, DType::kF64, {8}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor y,
+                       PoisonedTensor(*gpu, DType::kF64, {2, 8}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor rstd,
+                       PoisonedTensor(*gpu, DType::kF64, {2}));
   EXPECT_EQ(
       RmsNormForward(*gpu, x.view, gamma.view, kEps, y.view, rstd.view).code(),
       absl::StatusCode::kInvalidArgument);
@@ -643,16 +586,16 @@ class NormInvalidTest : public ::testing::Test {
   absl::Status Forward(const Tensor& x, const Tensor& gamma, const Tensor* beta,
                        const Tensor& y, const Tensor& mean, float eps = kEps) {
     return LayerNormForward(*context_, x, gamma, beta, eps, y, mean,
-                            View(rstd_, {kRows}));
+                            F64View(rstd_, {kRows}));
   }
 
   absl::Status Backward(const Tensor& dy, const Tensor& dx,
                         const Tensor& d_gamma, const Tensor* d_beta) {
     // Valid statistics, so that only the argument under test is wrong.
     std::vector<double> mean(kRows, 0.0), rstd(kRows, 1.0);
-    return LayerNormBackward(*context_, View(x_, {kRows, kCols}),
-                             View(gamma_, {kCols}), View(mean, {kRows}),
-                             View(rstd, {kRows}), dy, dx, false, d_gamma,
+    return LayerNormBackward(*context_, F64View(x_, {kRows, kCols}),
+                             F64View(gamma_, {kCols}), F64View(mean, {kRows}),
+                             F64View(rstd, {kRows}), dy, dx, false, d_gamma,
                              d_beta);
   }
 
@@ -664,23 +607,24 @@ class NormInvalidTest : public ::testing::Test {
 };
 
 TEST_F(NormInvalidTest, Forward) {
-  const Tensor x = View(x_, {kRows, kCols});
-  const Tensor gamma = View(gamma_, {kCols});
-  const Tensor beta = View(beta_, {kCols});
-  const Tensor y = View(y_, {kRows, kCols});
-  const Tensor mean = View(mean_, {kRows});
+  const Tensor x = F64View(x_, {kRows, kCols});
+  const Tensor gamma = F64View(gamma_, {kCols});
+  const Tensor beta = F64View(beta_, {kCols});
+  const Tensor y = F64View(y_, {kRows, kCols});
+  const Tensor mean = F64View(mean_, {kRows});
   auto expect_invalid = [&](const absl::Status& status) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     ExpectUntouched();
   };
   // Shapes.
-  expect_invalid(Forward(x, View(gamma_, {kCols - 1}), &beta, y, mean));
-  expect_invalid(Forward(x, gamma, &beta, View(y_, {kRows, kCols - 1}), mean));
-  expect_invalid(Forward(x, gamma, &beta, y, View(mean_, {kRows - 1})));
-  expect_invalid(Forward(View(x_, {kRows * kCols}), gamma, &beta, y, mean));
+  expect_invalid(Forward(x, F64View(gamma_, {kCols - 1}), &beta, y, mean));
+  expect_invalid(
+      Forward(x, gamma, &beta, F64View(y_, {kRows, kCols - 1}), mean));
+  expect_invalid(Forward(x, gamma, &beta, y, F64View(mean_, {kRows - 1})));
+  expect_invalid(Forward(F64View(x_, {kRows * kCols}), gamma, &beta, y, mean));
   std::vector<double> none;
-  expect_invalid(Forward(View(none, {kRows, 0}), View(none, {0}), nullptr,
-                         View(none, {kRows, 0}), mean));
+  expect_invalid(Forward(F64View(none, {kRows, 0}), F64View(none, {0}), nullptr,
+                         F64View(none, {kRows, 0}), mean));
   // Dtypes: an integer x, bf16 (not a CPU activation dtype), f32 statistics
   // for f64 activations.
   Tensor x_i32 = x;
@@ -706,21 +650,23 @@ TEST_F(NormInvalidTest, Forward) {
   expect_invalid(Forward(x, gamma, &beta, y, mean, NAN));
   // Overlap: y on x, mean inside y.
   expect_invalid(Forward(x, gamma, &beta, x, mean));
-  expect_invalid(Forward(x, gamma, &beta, y, View(y_, {kRows})));
+  expect_invalid(Forward(x, gamma, &beta, y, F64View(y_, {kRows})));
 }
 
 TEST_F(NormInvalidTest, Backward) {
-  const Tensor dy = View(dy_, {kRows, kCols});
-  const Tensor dx = View(dx_, {kRows, kCols});
-  const Tensor d_gamma = View(d_gamma_, {kCols});
-  const Tensor d_beta = View(d_beta_, {kCols});
+  const Tensor dy = F64View(dy_, {kRows, kCols});
+  const Tensor dx = F64View(dx_, {kRows, kCols});
+  const Tensor d_gamma = F64View(d_gamma_, {kCols});
+  const Tensor d_beta = F64View(d_beta_, {kCols});
   auto expect_invalid = [&](const absl::Status& status) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     ExpectUntouched();
   };
-  expect_invalid(Backward(View(dy_, {kRows - 1, kCols}), dx, d_gamma, &d_beta));
-  expect_invalid(Backward(dy, View(dx_, {kRows, kCols - 1}), d_gamma, &d_beta));
-  expect_invalid(Backward(dy, dx, View(d_gamma_, {kCols + 1}), &d_beta));
+  expect_invalid(
+      Backward(F64View(dy_, {kRows - 1, kCols}), dx, d_gamma, &d_beta));
+  expect_invalid(
+      Backward(dy, F64View(dx_, {kRows, kCols - 1}), d_gamma, &d_beta));
+  expect_invalid(Backward(dy, dx, F64View(d_gamma_, {kCols + 1}), &d_beta));
   Tensor d_gamma_f32 = d_gamma;
   d_gamma_f32.dtype = DType::kF32;
   expect_invalid(Backward(dy, dx, d_gamma_f32, &d_beta));
@@ -728,13 +674,13 @@ TEST_F(NormInvalidTest, Backward) {
   d_beta_null.data = nullptr;
   expect_invalid(Backward(dy, dx, d_gamma, &d_beta_null));
   // dx on dy, d_beta on d_gamma.
-  expect_invalid(Backward(dy, View(dy_, {kRows, kCols}), d_gamma, &d_beta));
+  expect_invalid(Backward(dy, F64View(dy_, {kRows, kCols}), d_gamma, &d_beta));
   expect_invalid(Backward(dy, dx, d_gamma, &d_gamma));
   // RMSNorm's own entry point checks too.
   std::vector<double> rstd(kRows, 1.0);
-  EXPECT_EQ(RmsNormBackward(*context_, View(x_, {kRows, kCols}),
-                            View(gamma_, {kCols}), View(rstd, {kRows - 1}), dy,
-                            dx, false, d_gamma)
+  EXPECT_EQ(RmsNormBackward(*context_, F64View(x_, {kRows, kCols}),
+                            F64View(gamma_, {kCols}),
+                            F64View(rstd, {kRows - 1}), dy, dx, false, d_gamma)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   ExpectUntouched();

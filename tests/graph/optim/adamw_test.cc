@@ -37,24 +37,14 @@ namespace {
 using test::AllClose;
 using test::CountPoison;
 using test::FromHost;
+using test::MaxAbs;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::RoundTo;
 using test::TestSeed;
 using test::ToHost;
 
 // ASSERT_OK and ASSERT_OK_AND_ASSIGN come from tests/graph/op_test_util.h.
-
-// `value` rounded to `dtype` and back.
-double RoundTo(DType dtype, double value) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<float>(value);
-    case DType::kBF16:
-      return Bf16BitsToFloat(FloatToBf16Bits(static_cast<float>(value)));
-    default:
-      return value;
-  }
-}
 
 std::vector<double> RoundAll(DType dtype, std::vector<double> values) {
   for (double& value : values) value = RoundTo(dtype, value);
@@ -217,12 +207,6 @@ struct Tolerance {
 Tolerance ToleranceFor(DType dtype) {
   if (dtype == DType::kF64) return {1e-12, 1e-14, 1e-13};
   return {2e-6, 1e-6, 1e-6};
-}
-
-double MaxAbs(const std::vector<double>& values) {
-  double max = 0.0;
-  for (double value : values) max = std::max(max, std::abs(value));
-  return max;
 }
 
 // ---- Steps against the reference ----
