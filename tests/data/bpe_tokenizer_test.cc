@@ -22,45 +22,19 @@
 #include "data/corpus.h"
 #include "data/pretokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/data/test_files.h"
 #include "tests/gpu_test_util.h"
 
 namespace lossrt {
 namespace data {
 namespace {
 
+using test::MakeTempDir;
+using test::ReadFile;
+using test::WriteFile;
+
 namespace fs = std::filesystem;
 using Merge = BpeTokenizer::Merge;
-
-std::string MakeTempDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir =
-      absl::StrCat(testing::TempDir(), "/", info->test_suite_name(), ".",
-                   info->name(), ".", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  FILE* file = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(file, nullptr) << path;
-  ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file),
-            contents.size());
-  ASSERT_EQ(std::fclose(file), 0);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::string out;
-  FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return out;
-  char buffer[4096];
-  size_t got;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
-    out.append(buffer, got);
-  }
-  std::fclose(file);
-  return out;
-}
 
 // Naive BPE: recounts every pair over all words at each merge; the most
 // frequent pair wins, ties to the smaller (left, right). Also returns each

@@ -18,32 +18,17 @@
 #include "absl/strings/str_split.h"
 #include "data/file_util.h"
 #include "gtest/gtest.h"
+#include "tests/data/test_files.h"
 #include "tests/gpu_test_util.h"
 
 namespace lossrt {
 namespace data {
 namespace {
 
+using test::MakeTempDir;
+using test::WriteFile;
+
 namespace fs = std::filesystem;
-
-std::string MakeTempDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir =
-      absl::StrCat(testing::TempDir(), "/", info->test_suite_name(), ".",
-                   info->name(), ".", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  fs::create_directories(fs::path(path).parent_path());
-  FILE* file = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(file, nullptr) << path;
-  ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file),
-            contents.size());
-  ASSERT_EQ(std::fclose(file), 0);
-}
 
 // Expects `status` to be an error of `code` whose message names `name`.
 template <typename T>

@@ -14,33 +14,19 @@
 #include "absl/strings/str_join.h"
 #include "data/pretokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/data/test_files.h"
 #include "tests/gpu_test_util.h"
 
 namespace lossrt {
 namespace data {
 namespace {
 
+using test::MakeTempDir;
+using test::WriteFile;
+
 namespace fs = std::filesystem;
 
 // A fresh empty folder for the running test.
-std::string MakeTempDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir =
-      absl::StrCat(testing::TempDir(), "/", info->test_suite_name(), ".",
-                   info->name(), ".", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  FILE* file = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(file, nullptr) << path;
-  ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file),
-            contents.size());
-  ASSERT_EQ(std::fclose(file), 0);
-}
-
 std::string RandomBytes(std::mt19937_64& rng, size_t max_length) {
   std::uniform_int_distribution<size_t> length(0, max_length);
   std::uniform_int_distribution<int> byte(0, 255);
