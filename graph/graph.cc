@@ -685,7 +685,7 @@ absl::Status Graph::ForwardBackward(bool use_cuda_graph) {
 }
 
 absl::Status Graph::SetLossScale(float scale) {
-  if (context_ == nullptr && loss_scale_.view.data == nullptr) {
+  if (context_ == nullptr) {
     return absl::FailedPreconditionError("SetLossScale before Compile");
   }
   const Tensor host = Tensor::Of(&scale, DType::kF32, {}, Device::Cpu());

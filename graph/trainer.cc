@@ -132,6 +132,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       EmptyTensor(context.allocator(), params.master.dtype, {params.count}));
   ASSIGN_OR_RETURN(trainer->norm_,
                    EmptyTensor(context.allocator(), DType::kF32, {}));
+  ASSIGN_OR_RETURN(
+      trainer->losses_,
+      EmptyTensor(context.allocator(), DType::kF32, {options.micro_batches}));
   RETURN_IF_ERROR(ops::Zero(context, trainer->m_.view));
   RETURN_IF_ERROR(ops::Zero(context, trainer->v_.view));
   RETURN_IF_ERROR(context.ReserveWorkspace(
@@ -144,7 +147,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 
 absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
                                     absl::Span<const int32_t> targets,
-                                    float* loss) {
+                                    int64_t index) {
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.SetInput(model_.ids(), ids));
   RETURN_IF_ERROR(graph.SetInput(model_.targets(), targets));
@@ -162,8 +165,13 @@ absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
     status = graph.ForwardBackward(false);
   }
   RETURN_IF_ERROR(status);
-  ASSIGN_OR_RETURN(*loss, graph.ReadScalar(model_.loss()));
-  return absl::OkStatus();
+  // Kept on the device: the step reads all micro-batches' losses at once, so
+  // the host does not wait between micro-batches.
+  const Tensor loss = graph.tensor(model_.loss());
+  return CopyTensor(loss,
+                    Tensor::Of(losses_.view.data_as<float>() + index,
+                               DType::kF32, {}, loss.device),
+                    graph.context());
 }
 
 absl::StatusOr<Trainer::StepStats> Trainer::Step(
@@ -179,14 +187,10 @@ absl::StatusOr<Trainer::StepStats> Trainer::Step(
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.ZeroGradients());
   StepStats stats;
-  double loss_sum = 0;
   for (int64_t k = 0; k < micro; ++k) {
-    float loss = 0;
     RETURN_IF_ERROR(RunMicroBatch(ids.subspan(k * rows, rows),
-                                  targets.subspan(k * rows, rows), &loss));
-    loss_sum += loss;
+                                  targets.subspan(k * rows, rows), k));
   }
-  stats.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
   const int64_t step = step_ + 1;
   stats.lr = optim::LearningRate(options_.schedule, step);
   const ParameterBuffers& params = graph.parameter_buffers();
@@ -201,6 +205,15 @@ absl::StatusOr<Trainer::StepStats> Trainer::Step(
   state.decay_count = params.decay_count;
   RETURN_IF_ERROR(optim::AdamWStep(graph.context(), state, options_.adamw,
                                    stats.lr, step, norm_.view));
+  // The step's only waits: the losses and the norm, read after the update.
+  std::vector<float> losses(micro);
+  RETURN_IF_ERROR(
+      CopyTensor(losses_.view,
+                 Tensor::Of(losses.data(), DType::kF32, {micro}, Device::Cpu()),
+                 graph.context()));
+  double loss_sum = 0;
+  for (float loss : losses) loss_sum += loss;
+  stats.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
   float norm = 0;
   RETURN_IF_ERROR(CopyTensor(norm_.view,
                              Tensor::Of(&norm, DType::kF32, {}, Device::Cpu()),

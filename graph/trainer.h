@@ -81,14 +81,17 @@ class Trainer {
  private:
   Trainer(Gpt& model, const TrainerOptions& options)
       : model_(model), options_(options) {}
+  // Forward and backward of micro-batch `index`; its loss goes to
+  // losses_[index].
   absl::Status RunMicroBatch(absl::Span<const int32_t> ids,
-                             absl::Span<const int32_t> targets, float* loss);
+                             absl::Span<const int32_t> targets, int64_t index);
 
   Gpt& model_;
   TrainerOptions options_;
   int64_t step_ = 0;
   bool cuda_graph_failed_ = false;
   OwnedTensor m_, v_, norm_;
+  OwnedTensor losses_;  // [micro_batches] f32 on the device
 };
 
 // The checkpoint folder <dir>/latest points at, if any (NotFound otherwise).
