@@ -153,17 +153,34 @@ __device__ __forceinline__ float FastExp2(float x) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The warp's statistics, in every lane: the max first, then each lane's sum
+// rescaled to it once (one exponential a lane, not one a shuffle round) and
+// summed by a butterfly (the same bits in every lane). Lanes whose max is the
+// warp's keep their "rest" and add their exact 1s as a count, so the sum keeps
+// its precision when one logit dominates.
 __device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
+  float max = stats.max;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    max = fmaxf(max, __shfl_xor_sync(kFullMask, max, offset));
+  float rest;
+  unsigned tie_lanes = 0;
+  if (max == NegInf()) {
+    rest = stats.rest + 1.0f;  // 0, or NaN from a NaN probe
+  } else {
+    const bool tie = stats.max == max;
+    tie_lanes = __ballot_sync(kFullMask, tie);
+    rest = tie ? stats.rest : (stats.rest + 1.0f) * __expf(stats.max - max);
+  }
+  float target_logit = stats.target_logit, weighted_sum = stats.weighted_sum;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    RowStats other;
-    other.max = __shfl_xor_sync(kFullMask, stats.max, offset);
-    other.rest = __shfl_xor_sync(kFullMask, stats.rest, offset);
-    other.target_logit = __shfl_xor_sync(kFullMask, stats.target_logit, offset);
-    other.weighted_sum = __shfl_xor_sync(kFullMask, stats.weighted_sum, offset);
-    stats = Combine(stats, other);
+    rest += __shfl_xor_sync(kFullMask, rest, offset);
+    target_logit += __shfl_xor_sync(kFullMask, target_logit, offset);
+    weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
   }
-  return stats;
+  return RowStats{max, rest + static_cast<float>(__popc(tie_lanes) - 1),
+                  target_logit, weighted_sum};
 }
 
 __device__ __forceinline__ int64_t LoadTarget(const RowArgs& args,
@@ -187,9 +204,26 @@ struct RowCoefficients {
   float z_scale;   // same for the z-loss part
 };
 
-__device__ __forceinline__ RowCoefficients MakeCoefficients(const RowArgs& args,
-                                                            int64_t row,
-                                                            bool with_grad) {
+// The mean's scales: 1 / denominator in float (1 unless the reduction is kMean;
+// 0 for an empty denominator). Kernels form them once, so that rows multiply
+// instead of dividing in double.
+struct MeanScales {
+  float ce_inv = 1.0f;
+  float z_inv = 1.0f;
+};
+
+__device__ __forceinline__ MeanScales LoadMeanScales(const RowArgs& args) {
+  MeanScales m;
+  if (args.reduction == kMean) {
+    const double ce = args.stats->ce_denominator, z = args.stats->z_denominator;
+    m.ce_inv = ce > 0 ? static_cast<float>(1.0 / ce) : 0.0f;
+    m.z_inv = z > 0 ? static_cast<float>(1.0 / z) : 0.0f;
+  }
+  return m;
+}
+
+__device__ __forceinline__ RowCoefficients MakeCoefficients(
+    const RowArgs& args, int64_t row, bool with_grad, const MeanScales& mean) {
   RowCoefficients c;
   c.target = LoadTarget(args, row);
   c.ignored = c.target == args.ignore_index;
@@ -200,14 +234,8 @@ __device__ __forceinline__ RowCoefficients MakeCoefficients(const RowArgs& args,
   float grad = 1.0f;
   if (with_grad && args.grad_loss != nullptr)
     grad = args.grad_loss[args.grad_loss_per_row ? row : 0];
-  c.ce_scale = grad;
-  c.z_scale = grad;
-  if (args.reduction == kMean) {
-    const double ce_den = args.stats->ce_denominator,
-                 z_den = args.stats->z_denominator;
-    c.ce_scale = ce_den > 0 ? static_cast<float>(grad / ce_den) : 0.0f;
-    c.z_scale = z_den > 0 ? static_cast<float>(grad / z_den) : 0.0f;
-  }
+  c.ce_scale = grad * mean.ce_inv;
+  c.z_scale = grad * mean.z_inv;
   return c;
 }
 
@@ -250,7 +278,8 @@ MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
 __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
                                              const RowCoefficients& c,
                                              const RowStats& total, float lse,
-                                             float weight_total) {
+                                             float weight_total,
+                                             const MeanScales& mean) {
   float loss = 0.0f;
   if (!c.ignored) {
     if (!c.valid_target) {
@@ -265,14 +294,7 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
           (s > 0.0f ? s / args.vocab * (weight_total * lse - total.weighted_sum)
                     : 0.0f);
       const float zl = args.z_loss * lse * lse;
-      if (args.reduction == kMean) {
-        const double ce_den = args.stats->ce_denominator,
-                     z_den = args.stats->z_denominator;
-        loss = (ce_den > 0 ? static_cast<float>(ce / ce_den) : 0.0f) +
-               (z_den > 0 ? static_cast<float>(zl / z_den) : 0.0f);
-      } else {
-        loss = ce + zl;
-      }
+      loss = ce * mean.ce_inv + zl * mean.z_inv;
     }
   }
   args.row_loss[row] = loss;
@@ -383,11 +405,17 @@ struct RowView {
 // This thread's statistics of one tile: its max, then the sum of exp relative
 // to it. Four independent accumulators break the dependency chains (a 16-bit
 // tile holds 64 values).
-template <typename TileT, int R>
+// kOpt: soft cap, label smoothing or class weights may be on; without it they
+// are compiled out of the common case.
+template <typename TileT, int R, bool kOpt>
 __device__ __forceinline__ RowStats TileStats(const TileT& tile,
                                               const RowView& view,
                                               int64_t target, bool smoothing) {
   constexpr int kW = TileT::kW;
+  const float softcap = kOpt ? view.softcap : 0.0f;
+  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  const float* weights = kOpt ? view.weights : nullptr;
+  smoothing = kOpt && smoothing;
   constexpr int kParts = 4;
   float max_part[kParts], sum_part[kParts];
 #pragma unroll
@@ -398,8 +426,8 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float x[kW];
-    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab,
-                view.softcap, view.inv_cap, x);
+    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                inv_cap, x);
 #pragma unroll
     for (int j = 0; j < kW; ++j)
       max_part[(r * kW + j) % kParts] =
@@ -412,12 +440,12 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       0.0f;  // fmaxf drops NaN; an all-NaN tile must still poison the sum
   float ties =
       0.0f;  // elements equal to the max: their exact 1s are counted apart
+  if (s.max != NegInf()) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int base = (view.first + r * view.stride) * kW;
-    float x[kW];
-    tile.Unpack(r, base, view.vocab, view.softcap, view.inv_cap, x);
-    if (s.max != NegInf()) {
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
       // (x - max) first: exact for the largest terms, unlike a fused x*log2e -
       // max*log2e, whose rounding is huge for large logits.
 #pragma unroll
@@ -427,10 +455,25 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
         sum_part[(r * kW + j) % kParts] +=
             tie ? 0.0f : FastExp2((x[j] - s.max) * kLog2e);
       }
-    } else {
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
 #pragma unroll
       for (int j = 0; j < kW; ++j) nan_probe += x[j] != x[j] ? x[j] : 0.0f;
     }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (static_cast<uint64_t>(target - base) >= static_cast<uint64_t>(kW) &&
+        !smoothing)
+      continue;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
     if (static_cast<uint64_t>(target - base) < static_cast<uint64_t>(kW)) {
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
@@ -442,7 +485,7 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       for (int j = 0; j < kW; ++j) {
         if (base + j < view.vocab)
           s.weighted_sum +=
-              view.weights != nullptr ? view.weights[base + j] * x[j] : x[j];
+              weights != nullptr ? weights[base + j] * x[j] : x[j];
       }
     }
   }
@@ -453,27 +496,32 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
 }
 
 // The gradient of one tile, written once in G.
-template <typename G, typename TileT, int R>
+template <typename G, typename TileT, int R, bool kOpt>
 __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
                                          G* grad_row,
                                          const GradCoefficients& gc,
                                          const RowCoefficients& c) {
   constexpr int kW = TileT::kW;
+  const float softcap = kOpt ? view.softcap : 0.0f;
+  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  const float* weights = kOpt ? view.weights : nullptr;
+  const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
     if (base >= view.vocab) continue;
     float x[kW], g[kW];
-    tile.Unpack(r, base, view.vocab, view.softcap, view.inv_cap, x);
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
-      const float w = view.weights != nullptr
-                          ? view.weights[min(base + j, view.vocab - 1)]
-                          : 1.0f;
       // The argument is formed before the scaling by log2(e): exact for the
       // large p.
-      g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e) -
-             gc.smooth_w * w;
+      g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e);
+      if (kOpt) {
+        const float w =
+            weights != nullptr ? weights[min(base + j, view.vocab - 1)] : 1.0f;
+        g[j] -= smooth_w * w;
+      }
     }
     if (static_cast<uint64_t>(c.target - base) < static_cast<uint64_t>(kW)) {
       // The target's p - 1 through expm1, exact when p is near 1 (one element a
@@ -481,17 +529,16 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         if (base + j == c.target) {
-          const float w =
-              view.weights != nullptr ? view.weights[base + j] : 1.0f;
+          const float w = weights != nullptr ? weights[base + j] : 1.0f;
           g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
-                 (gc.coef - gc.target_coef) - gc.smooth_w * w;
+                 (gc.coef - gc.target_coef) - smooth_w * w;
         }
       }
     }
-    if (view.inv_cap > 0.0f) {
+    if (inv_cap > 0.0f) {
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        const float t = x[j] * view.inv_cap;  // d z / d x = 1 - tanh^2
+        const float t = x[j] * inv_cap;  // d z / d x = 1 - tanh^2
         g[j] *= 1.0f - t * t;
       }
     }
@@ -559,7 +606,7 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 // in the registers of the cluster's threads (kPieces 16-byte pieces each)
 // between the reduction and the gradient, so it is read once. `tiles` > 1 only
 // for rows longer than the cluster holds (those are read twice).
-template <typename T, typename G, int R, bool kVec, bool kGrad>
+template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles) {
   using TileT = Tile<T, R, kVec>;
@@ -573,6 +620,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int tile_pieces = stride * R;
   const bool smoothing = args.label_smoothing > 0.0f;
   const float weight_total = WeightTotal(args);
+  const MeanScales mean = LoadMeanScales(args);
   RowView view{static_cast<int>(args.vocab),
                0,
                stride,
@@ -586,20 +634,20 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
        row += clusters, parity ^= 1) {
     const T* logits_row =
         static_cast<const T*>(args.logits) + row * args.logits_stride;
-    const RowCoefficients c = MakeCoefficients(args, row, kGrad);
+    const RowCoefficients c = MakeCoefficients(args, row, kGrad, mean);
     TileT tile;
     RowStats stats = IdentityStats();
     for (int t = 0; t < tiles; ++t) {
       view.first = t * tile_pieces + first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
-      stats =
-          Combine(stats, TileStats<TileT, R>(tile, view, c.target, smoothing));
+      stats = Combine(
+          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
     const float log_sum = log1pf(total.rest);
     const float lse = total.max + log_sum;
     if (rank == 0 && threadIdx.x == 0)
-      WriteRowLoss(args, row, c, total, lse, weight_total);
+      WriteRowLoss(args, row, c, total, lse, weight_total, mean);
     if constexpr (kGrad) {
       const GradCoefficients gc =
           MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
@@ -610,7 +658,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
         view.first = t * tile_pieces + first0;
         if (t != tiles - 1)
           tile.Load(logits_row, view.vocab, view.first, stride);
-        TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
       }
     }
   }
@@ -622,7 +670,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
 
 // Gradient from a saved lse, streaming (one read, one write); used past 128 KiB
 // rows.
-template <typename T, typename G, bool kVec>
+template <typename T, typename G, bool kVec, bool kOpt>
 __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
   constexpr int R = 8;
   using TileT = Tile<T, R, kVec>;
@@ -630,6 +678,7 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
   const int vocab = static_cast<int>(args.vocab);
   const int vecs = (vocab + kW - 1) / kW;
   const float weight_total = WeightTotal(args);
+  const MeanScales mean = LoadMeanScales(args);
   RowView view{vocab,
                0,
                static_cast<int>(blockDim.x),
@@ -637,7 +686,7 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
                args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
                args.class_weights};
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    const RowCoefficients c = MakeCoefficients(args, row, true);
+    const RowCoefficients c = MakeCoefficients(args, row, true, mean);
     const float lse = args.lse[row];
     const GradCoefficients gc =
         MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
@@ -648,7 +697,7 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
       TileT tile;
       view.first = first;
       tile.Load(logits_row, vocab, first, blockDim.x);
-      TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+      TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
     }
   }
 }
@@ -658,7 +707,7 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy. With kGrad the row is streamed a second time for the gradient
 // (kept for comparison in the benchmark's sweep).
-template <typename T, typename G, bool kVec, bool kGrad>
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   // 8 pieces of fp32 or 4 of 16-bit logits per lane: 32 values, so that the
   // unpacked floats stay in registers with three blocks (24 warps) per SM.
@@ -673,6 +722,7 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const bool smoothing = args.label_smoothing > 0.0f;
   const float weight_total = WeightTotal(args);
+  const MeanScales mean = LoadMeanScales(args);
   RowView view{vocab,
                0,
                32,
@@ -682,19 +732,19 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   for (int64_t row = warp; row < args.rows; row += warps) {
     const T* logits_row =
         static_cast<const T*>(args.logits) + row * args.logits_stride;
-    const RowCoefficients c = MakeCoefficients(args, row, kGrad);
+    const RowCoefficients c = MakeCoefficients(args, row, kGrad, mean);
     RowStats stats = IdentityStats();
     for (int first = lane; first < vecs; first += 32 * R) {
       TileT tile;
       view.first = first;
       tile.Load(logits_row, vocab, first, 32);
-      stats =
-          Combine(stats, TileStats<TileT, R>(tile, view, c.target, smoothing));
+      stats = Combine(
+          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = WarpReduce(stats);
     const float log_sum = log1pf(total.rest);
     const float lse = total.max + log_sum;
-    if (lane == 0) WriteRowLoss(args, row, c, total, lse, weight_total);
+    if (lane == 0) WriteRowLoss(args, row, c, total, lse, weight_total, mean);
     if constexpr (kGrad) {
       const GradCoefficients gc =
           MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
@@ -703,7 +753,7 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
         TileT tile;
         view.first = first;
         tile.Load(logits_row, vocab, first, 32);
-        TileGrad<G, TileT, R>(tile, view, grad_row, gc, c);
+        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
       }
     }
   }
@@ -771,7 +821,7 @@ struct StagedTile {
 
 constexpr int kStagedPieces = 8;
 
-template <typename T, typename G>
+template <typename T, typename G, bool kOpt>
 __global__ void __launch_bounds__(kMaxThreads)
     PipelinedBackwardKernel(RowArgs args, int group_size, int stages) {
   constexpr int kW = 16 / sizeof(T);
@@ -788,6 +838,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int first = rank * blockDim.x + threadIdx.x;
   const int stage_size = kStagedPieces * blockDim.x;
   const float weight_total = WeightTotal(args);
+  const MeanScales mean = LoadMeanScales(args);
   const RowView view{vocab,
                      first,
                      stride,
@@ -825,7 +876,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     CpAsyncWait(stages - 1);  // this thread's pieces of `row` have landed
     const uint4* pieces =
         stage_memory + static_cast<int>(k % stages) * stage_size + threadIdx.x;
-    const RowCoefficients c = MakeCoefficients(args, row, true);
+    const RowCoefficients c = MakeCoefficients(args, row, true, mean);
     const float lse = args.lse[row];
     const GradCoefficients gc =
         MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
@@ -836,8 +887,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int r = 0; r < kStagedPieces; ++r) {
       RowView piece_view = view;
       piece_view.first = first + r * stride;
-      TileGrad<G, StagedTile<T>, 1>(StagedTile<T>{pieces + r * blockDim.x},
-                                    piece_view, grad_row, gc, c);
+      TileGrad<G, StagedTile<T>, 1, kOpt>(
+          StagedTile<T>{pieces + r * blockDim.x}, piece_view, grad_row, gc, c);
     }
   }
   CpAsyncWait(0);
@@ -955,7 +1006,7 @@ RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread, bool clusters_allowed) {
   return launch;
 }
 
-template <typename T, typename G, bool kVec, bool kGrad>
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
                             cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
@@ -965,7 +1016,7 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
   constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
   const int64_t vecs = (args.vocab + kW - 1) / kW;
   const RowLaunch launch = ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
-  auto kernel = RowKernel<T, G, R, kVec, kGrad>;
+  auto kernel = RowKernel<T, G, R, kVec, kGrad, kOpt>;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(launch.threads);
   config.stream = stream;
@@ -1021,13 +1072,13 @@ PipelineLaunch ChoosePipelineLaunch(int64_t vecs, const RowArgs& args) {
   return launch;
 }
 
-template <typename T, typename G>
+template <typename T, typename G, bool kOpt>
 cudaError_t LaunchPipelinedBackward(const RowArgs& args, int num_sms,
                                     cudaStream_t stream) {
   constexpr int kW = 16 / sizeof(T);
   const PipelineLaunch launch =
       ChoosePipelineLaunch((args.vocab + kW - 1) / kW, args);
-  auto kernel = PipelinedBackwardKernel<T, G>;
+  auto kernel = PipelinedBackwardKernel<T, G, kOpt>;
   cudaError_t error = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.shared_bytes);
   if (error != cudaSuccess) return error;
@@ -1054,10 +1105,10 @@ bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
   return ok;
 }
 
-template <typename T, typename G, bool kVec, bool kGrad>
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
-  auto kernel = WarpRowKernel<T, G, kVec, kGrad>;
+  auto kernel = WarpRowKernel<T, G, kVec, kGrad, kOpt>;
   int per_sm = 0;
   cudaError_t error =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
@@ -1074,25 +1125,26 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
 // Forward: the warp-per-row kernel (a read-only stream). Fused: the
 // register/cluster kernel, which keeps each row on chip between its reduction
 // and its gradient.
-template <typename T, typename G, bool kGrad>
+template <typename T, typename G, bool kGrad, bool kOpt>
 cudaError_t LaunchRowsTyped(const RowArgs& args, int num_sms,
                             cudaStream_t stream) {
   const bool vectorized = RowsVectorizable(args, sizeof(T), sizeof(G), kGrad);
   const bool warp = args.tune_kernel == kKernelWarp ||
                     (args.tune_kernel == kKernelAuto && !kGrad);
   if (warp) {
-    return vectorized
-               ? LaunchWarpRowKernel<T, G, true, kGrad>(args, num_sms, stream)
-               : LaunchWarpRowKernel<T, G, false, kGrad>(args, num_sms, stream);
+    return vectorized ? LaunchWarpRowKernel<T, G, true, kGrad, kOpt>(
+                            args, num_sms, stream)
+                      : LaunchWarpRowKernel<T, G, false, kGrad, kOpt>(
+                            args, num_sms, stream);
   }
   return vectorized
-             ? LaunchRowKernel<T, G, true, kGrad>(args, num_sms, stream)
-             : LaunchRowKernel<T, G, false, kGrad>(args, num_sms, stream);
+             ? LaunchRowKernel<T, G, true, kGrad, kOpt>(args, num_sms, stream)
+             : LaunchRowKernel<T, G, false, kGrad, kOpt>(args, num_sms, stream);
 }
 
 // Backward: the pipelined kernel up to 128 KiB rows, the streaming one above
 // (measured on the H200: each wins on its side).
-template <typename T, typename G>
+template <typename T, typename G, bool kOpt>
 cudaError_t LaunchBackwardTyped(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
   const bool vectorized = RowsVectorizable(args, sizeof(T), sizeof(G), true);
@@ -1100,9 +1152,9 @@ cudaError_t LaunchBackwardTyped(const RowArgs& args, int num_sms,
                          (args.tune_kernel == kKernelAuto &&
                           args.vocab * int64_t{sizeof(T)} <= (128 << 10));
   if (vectorized && pipelined)
-    return LaunchPipelinedBackward<T, G>(args, num_sms, stream);
-  auto kernel =
-      vectorized ? BackwardKernel<T, G, true> : BackwardKernel<T, G, false>;
+    return LaunchPipelinedBackward<T, G, kOpt>(args, num_sms, stream);
+  auto kernel = vectorized ? BackwardKernel<T, G, true, kOpt>
+                           : BackwardKernel<T, G, false, kOpt>;
   int per_sm = 0;
   cudaError_t error =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
@@ -1140,6 +1192,13 @@ cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
+// Whether a soft cap, label smoothing or class weights are on: the kernels
+// without them (kOpt false) leave their code out.
+bool HasOptions(const RowArgs& args) {
+  return args.softcap > 0.0f || args.label_smoothing > 0.0f ||
+         args.class_weights != nullptr;
+}
+
 template <bool kGrad>
 struct RowsLauncher {
   const RowArgs& args;
@@ -1147,7 +1206,9 @@ struct RowsLauncher {
   cudaStream_t stream;
   template <typename T, typename G>
   cudaError_t operator()() {
-    return LaunchRowsTyped<T, G, kGrad>(args, num_sms, stream);
+    return HasOptions(args)
+               ? LaunchRowsTyped<T, G, kGrad, true>(args, num_sms, stream)
+               : LaunchRowsTyped<T, G, kGrad, false>(args, num_sms, stream);
   }
 };
 
@@ -1157,7 +1218,9 @@ struct BackwardLauncher {
   cudaStream_t stream;
   template <typename T, typename G>
   cudaError_t operator()() {
-    return LaunchBackwardTyped<T, G>(args, num_sms, stream);
+    return HasOptions(args)
+               ? LaunchBackwardTyped<T, G, true>(args, num_sms, stream)
+               : LaunchBackwardTyped<T, G, false>(args, num_sms, stream);
   }
 };
 
