@@ -122,13 +122,22 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
         g.CausalAttention(qkv, shape.batch, shape.seq, config.heads);
     x = g.Add(x, linear(attended, p + "attn.c_proj", width, width));
     const Value normed = norm(x, p + "ln_2");
-    Value inner;
     if (config.mlp == MlpKind::kGelu) {
-      inner = g.Gelu(linear(normed, p + "mlp.c_fc", hidden, width));
+      // One node, the GELU in the GEMMs' epilogues; the parameters in the
+      // order (and with the names) of the separate layers.
+      const Value w1 =
+          model->Param(p + "mlp.c_fc.weight", {hidden, width}, true);
+      std::optional<Value> b1, b2;
+      if (bias) b1 = model->Param(p + "mlp.c_fc.bias", {hidden}, false);
+      const Value w2 =
+          model->Param(p + "mlp.c_proj.weight", {width, hidden}, true);
+      if (bias) b2 = model->Param(p + "mlp.c_proj.bias", {width}, false);
+      x = g.Add(x, g.GeluMlp(normed, w1, b1, w2, b2));
     } else {
-      inner = g.SwiGlu(linear(normed, p + "mlp.c_fc", 2 * hidden, width));
+      const Value inner =
+          g.SwiGlu(linear(normed, p + "mlp.c_fc", 2 * hidden, width));
+      x = g.Add(x, linear(inner, p + "mlp.c_proj", width, hidden));
     }
-    x = g.Add(x, linear(inner, p + "mlp.c_proj", width, hidden));
   }
   const Value final_hidden = norm(x, "transformer.ln_f");
   const Value head_weight =

@@ -312,6 +312,39 @@ Value Graph::Gelu(Value x) {
                  activation_dtype_);
 }
 
+Value Graph::GeluMlp(Value x, Value w1, std::optional<Value> b1, Value w2,
+                     std::optional<Value> b2) {
+  if (!CheckValue(x, "GeluMlp x") || !CheckValue(w1, "GeluMlp w1") ||
+      !CheckValue(w2, "GeluMlp w2") || (b1 && !CheckValue(*b1, "GeluMlp b1")) ||
+      (b2 && !CheckValue(*b2, "GeluMlp b2"))) {
+    return Value{};
+  }
+  const Shape& xs = values_[x.id].shape;
+  const Shape& w1s = values_[w1.id].shape;
+  const Shape& w2s = values_[w2.id].shape;
+  if (!Require(
+          xs.size() == 2 && w1s.size() == 2 && w2s.size() == 2 &&
+              xs[1] == w1s[1] && w2s[1] == w1s[0],
+          absl::StrCat("GeluMlp: x ", ShapeText(xs), ", w1 ", ShapeText(w1s),
+                       " and w2 ", ShapeText(w2s), " do not match")) ||
+      !Require(b1.has_value() == b2.has_value(),
+               "GeluMlp: give both biases or neither") ||
+      (b1 && !Require(values_[b1->id].shape == Shape{w1s[0]} &&
+                          values_[b2->id].shape == Shape{w2s[0]},
+                      "GeluMlp: a bias does not match its weight"))) {
+    return Value{};
+  }
+  auto node = MakeGeluMlpNode(b1.has_value(), xs[0], w1s[0], w2s[0]);
+  node->inputs = {x, w1};
+  if (b1) node->inputs.push_back(*b1);
+  node->inputs.push_back(w2);
+  if (b2) node->inputs.push_back(*b2);
+  node->aux = {AuxSpec{{xs[0], w1s[0]}, activation_dtype_},
+               AuxSpec{{xs[0], w1s[0]}, activation_dtype_}};
+  return AddNode(std::move(node), "gelu_mlp", {xs[0], w2s[0]},
+                 activation_dtype_);
+}
+
 Value Graph::SwiGlu(Value x) {
   if (!CheckValue(x, "SwiGlu x")) return Value{};
   const Shape xs = values_[x.id].shape;

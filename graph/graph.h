@@ -165,6 +165,11 @@ class Graph {
   Value LayerNorm(Value x, Value gamma, std::optional<Value> beta, float eps);
   Value RmsNorm(Value x, Value gamma, float eps);
   Value Gelu(Value x);
+  // The GELU MLP as one node: y [rows, out] = gelu(x w1^T + b1) w2^T + b2, with
+  // w1 [hidden, in], w2 [out, hidden]; the GELU runs in the GEMMs' epilogues.
+  // The biases come both or neither.
+  Value GeluMlp(Value x, Value w1, std::optional<Value> b1, Value w2,
+                std::optional<Value> b2);
   // x [rows, 2F] = [gate | up] -> [rows, F].
   Value SwiGlu(Value x);
   Value Add(Value a, Value b);

@@ -1,6 +1,7 @@
 // Node types of the graph: thin adapters from NodeRun's tensors to the ops.
 #include "graph/nodes.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -163,6 +164,56 @@ class ActivationNode final : public Node {
   bool swiglu_;
 };
 
+// The GELU MLP, y = gelu(x w1^T + b1) w2^T + b2, as one node so that the GELU
+// runs in the GEMMs' epilogues (ops::LinearGeluForward and
+// ops::LinearGeluBackwardInput): no GELU kernel, no pass over the hidden
+// activations for it either way.
+class GeluMlpNode final : public Node {
+ public:
+  GeluMlpNode(bool with_bias, int64_t rows, int64_t hidden, int64_t out)
+      : with_bias_(with_bias), rows_(rows), hidden_(hidden), out_(out) {}
+  const char* type() const override { return "GeluMlp"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    if (!with_bias_) return 0;
+    return std::max(ops::LinearBackwardWorkspaceBytes(device, rows_, hidden_),
+                    ops::LinearBackwardWorkspaceBytes(device, rows_, out_));
+  }
+  // inputs: x, w1[, b1], w2[, b2]; aux: h = x w1^T + b1 and a = gelu(h), both
+  // [rows, hidden].
+  absl::Status Forward(NodeRun& run, bool) override {
+    const Tensor b1 = with_bias_ ? run.input(2) : Tensor();
+    const Tensor b2 = with_bias_ ? run.input(4) : Tensor();
+    RETURN_IF_ERROR(ops::LinearGeluForward(
+        run.context(), run.input(0), run.input(1), with_bias_ ? &b1 : nullptr,
+        run.aux(1), run.aux(0)));
+    return ops::LinearForward(run.context(), run.aux(1), run.input(W2()),
+                              with_bias_ ? &b2 : nullptr, run.output(0));
+  }
+  absl::Status Backward(NodeRun& run) override {
+    const Tensor* d_w1 = run.input_grad(1);
+    const Tensor* d_w2 = run.input_grad(W2());
+    RETURN_IF_ERROR(NeedsGrad("GeluMlp", d_w1));
+    RETURN_IF_ERROR(NeedsGrad("GeluMlp", d_w2));
+    const Tensor dy = run.output_grad(0);
+    const Tensor a = run.aux(1);
+    // The second layer's weights first: they read a, whose buffer then takes
+    // the gradient of h.
+    RETURN_IF_ERROR(ops::LinearBackward(
+        run.context(), a, run.input(W2()), dy, nullptr, false, *d_w2,
+        with_bias_ ? run.input_grad(W2() + 1) : nullptr));
+    RETURN_IF_ERROR(ops::LinearGeluBackwardInput(run.context(), run.input(W2()),
+                                                 dy, run.aux(0), a));
+    return ops::LinearBackward(run.context(), run.input(0), run.input(1), a,
+                               run.input_grad(0), run.accumulate(0), *d_w1,
+                               with_bias_ ? run.input_grad(2) : nullptr);
+  }
+
+ private:
+  int W2() const { return with_bias_ ? 3 : 2; }
+  bool with_bias_;
+  int64_t rows_, hidden_, out_;
+};
+
 class AddNode final : public Node {
  public:
   const char* type() const override { return "Add"; }
@@ -305,6 +356,10 @@ std::unique_ptr<Node> MakeGeluNode() {
 }
 std::unique_ptr<Node> MakeSwiGluNode() {
   return std::make_unique<ActivationNode>(true);
+}
+std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, int64_t rows,
+                                      int64_t hidden, int64_t out) {
+  return std::make_unique<GeluMlpNode>(with_bias, rows, hidden, out);
 }
 std::unique_ptr<Node> MakeAddNode() { return std::make_unique<AddNode>(); }
 std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,

@@ -22,6 +22,8 @@ std::unique_ptr<Node> MakeLayerNormNode(float eps, bool with_beta, int64_t rows,
 std::unique_ptr<Node> MakeRmsNormNode(float eps, int64_t rows, int64_t cols);
 std::unique_ptr<Node> MakeGeluNode();
 std::unique_ptr<Node> MakeSwiGluNode();
+std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, int64_t rows,
+                                      int64_t hidden, int64_t out);
 std::unique_ptr<Node> MakeAddNode();
 // aux: lse [batch, heads, seq].
 std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,

@@ -48,6 +48,11 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
         entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias_gradient,
         sizeof(call.bias_gradient)));
   }
+  if (call.epilogue != GemmEpilogue::kNone) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+        sizeof(call.aux)));
+  }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
       handle_, entry->desc, &call.alpha, call.a.data, entry->a, call.b.data,
       entry->b, &call.beta, call.d, entry->d, call.d, entry->d, &entry->algo,
@@ -77,7 +82,10 @@ GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
           c.bias != nullptr ? AlignmentOf(c.bias) : 0,
           c.beta != 0.0f,
           c.bias_gradient != nullptr,
-          c.bias_gradient != nullptr ? AlignmentOf(c.bias_gradient) : 0};
+          c.bias_gradient != nullptr ? AlignmentOf(c.bias_gradient) : 0,
+          static_cast<int64_t>(c.epilogue),
+          c.epilogue != GemmEpilogue::kNone ? AlignmentOf(c.aux) : 0,
+          c.ld_aux};
 }
 
 absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
@@ -101,7 +109,32 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
       entry->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       entry->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (call.bias != nullptr) {
+  if (call.epilogue != GemmEpilogue::kNone) {
+    if (call.bias_gradient != nullptr ||
+        (call.bias != nullptr && call.epilogue == GemmEpilogue::kDGelu)) {
+      return absl::InvalidArgumentError(
+          "GEMM: a GELU epilogue takes no bias gradient, and its derivative no "
+          "bias");
+    }
+    const uint32_t epilogue =
+        call.epilogue == GemmEpilogue::kDGelu ? CUBLASLT_EPILOGUE_DGELU
+        : call.bias != nullptr                ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                              : CUBLASLT_EPILOGUE_GELU_AUX;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+        sizeof(epilogue)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &call.ld_aux,
+        sizeof(call.ld_aux)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+        sizeof(call.aux)));
+    if (call.bias != nullptr) {
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+          sizeof(call.bias)));
+    }
+  } else if (call.bias != nullptr) {
     // The bias vector has the output's type (fp32) and is added before the
     // output is written: the logits never make a second trip through memory
     // for it.

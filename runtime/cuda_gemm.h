@@ -40,6 +40,11 @@ struct GemmOperand {
   cublasOperation_t op = CUBLAS_OP_N;
 };
 
+// A GELU (tanh approximation) in the epilogue. kGeluAux: D = gelu(AB (+ bias))
+// with the GELU's input written to `aux`; kDGelu: D = AB * gelu'(aux), the
+// gradient through a GELU whose input `aux` the forward saved.
+enum class GemmEpilogue { kNone, kGeluAux, kDGelu };
+
 // D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * D (+ bias[m] broadcast
 // over columns).
 struct GemmCall {
@@ -57,6 +62,11 @@ struct GemmCall {
   // GEMM's epilogue (cuBLASLt's BGRADB): the bias gradient of a linear layer
   // from the GEMM that reads its output gradient anyway. Not with `bias`.
   float* bias_gradient = nullptr;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  // [m, n] in D's type, leading dimension ld_aux (a multiple of 8): written
+  // by kGeluAux, read by kDGelu.
+  void* aux = nullptr;
+  int64_t ld_aux = 0;
 };
 
 // cuBLASLt descriptors and the heuristic's algorithm, cached per call shape
@@ -77,7 +87,7 @@ class GemmRunner {
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
  private:
-  using Key = std::array<int64_t, 22>;
+  using Key = std::array<int64_t, 25>;
   struct Entry {
     Key key;
     cublasLtMatmulDesc_t desc = nullptr;

@@ -4,6 +4,7 @@
 
 #include <Eigen/Core>
 
+#include "graph/ops/activation.h"
 #include "graph/ops/op_checks.h"
 #include "runtime/status.h"
 
@@ -99,6 +100,59 @@ GemmOperand RowMajor(const Tensor& t, cublasOperation_t op) {
 }
 #endif
 
+// dx [rows, in] = (or +=) dy [rows, out] @ weight [out, in]: the input's
+// gradient alone (operands already checked).
+absl::Status InputGradient(Context& context, const Sizes& s,
+                           const Tensor& weight, const Tensor& dy,
+                           const Tensor& dx, bool accumulate) {
+  if (context.device().is_cpu()) {
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      Eigen::Map<const Matrix<T>> w_m(weight.data_as<T>(), s.out, s.in);
+      Eigen::Map<const Matrix<T>> dy_m(dy.data_as<T>(), s.rows, s.out);
+      Eigen::Map<Matrix<T>> dx_m(dx.data_as<T>(), s.rows, s.in);
+      if (accumulate) {
+        dx_m.noalias() += dy_m * w_m;
+      } else {
+        dx_m.noalias() = dy_m * w_m;
+      }
+    };
+    if (dx.dtype == DType::kF64) {
+      run(0.0);
+    } else {
+      run(0.0f);
+    }
+    return absl::OkStatus();
+  }
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  if (s.rows == 0) return absl::OkStatus();
+  if (s.out == 0) {
+    if (!accumulate) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          dx.data, 0, dx.numel() * DTypeSize(dx.dtype), stream));
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
+  // dx^T [in, rows] = w^T [in, out] (w read as stored) times dy^T.
+  GemmCall call;
+  call.a = RowMajor(weight, CUBLAS_OP_N);
+  call.b = RowMajor(dy, CUBLAS_OP_N);
+  call.d = dx.data;
+  call.d_type = CudaType(dx.dtype);
+  call.m = s.in;
+  call.n = s.rows;
+  call.ld_d = s.in;
+  call.beta = accumulate ? 1.0f : 0.0f;
+  return gemm->Run(call, stream);
+#else
+  return absl::UnavailableError("linear on a CUDA device: built without CUDA");
+#endif
+}
+
 }  // namespace
 
 int64_t LinearBackwardWorkspaceBytes(const Device& device, int64_t rows,
@@ -182,26 +236,8 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-  if (dx != nullptr && s.rows > 0) {
-    if (s.out == 0) {
-      if (!accumulate_dx) {
-        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-            dx->data, 0, dx->numel() * DTypeSize(dx->dtype), stream));
-      }
-    } else {
-      // dx^T [in, rows] = w^T [in, out] (w read as stored) times dy^T.
-      GemmCall call;
-      call.a = RowMajor(weight, CUBLAS_OP_N);
-      call.b = RowMajor(dy, CUBLAS_OP_N);
-      call.d = dx->data;
-      call.d_type = CudaType(dx->dtype);
-      call.m = s.in;
-      call.n = s.rows;
-      call.ld_d = s.in;
-      call.beta = accumulate_dx ? 1.0f : 0.0f;
-      RETURN_IF_ERROR(gemm->Run(call, stream));
-    }
-  }
+  if (dx != nullptr)
+    RETURN_IF_ERROR(InputGradient(context, s, weight, dy, *dx, accumulate_dx));
   if (s.rows == 0 || s.out == 0) return absl::OkStatus();
   float* bias_gradient = nullptr;  // [out] f32
   float* partial_sums = nullptr;   // [ColumnSumChunks(rows), out] f32
@@ -247,6 +283,92 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
 #else
   return absl::UnavailableError("linear on a CUDA device: built without CUDA");
 #endif
+}
+
+absl::Status LinearGeluForward(Context& context, const Tensor& x,
+                               const Tensor& weight, const Tensor* bias,
+                               const Tensor& a, const Tensor& h) {
+  ASSIGN_OR_RETURN(const Sizes s, CheckOperands(context, x, weight, bias));
+  RETURN_IF_ERROR(
+      CheckTensor(context, a, {s.rows, s.out}, {x.dtype}, "linear-gelu a"));
+  RETURN_IF_ERROR(
+      CheckTensor(context, h, {s.rows, s.out}, {x.dtype}, "linear-gelu h"));
+  for (const Tensor* input : {&x, &weight, bias, &h}) {
+    if (input != nullptr && Overlaps(a, *input))
+      return InvalidArgument("linear-gelu: a overlaps another operand");
+  }
+  for (const Tensor* input : {&x, &weight, bias}) {
+    if (input != nullptr && Overlaps(h, *input))
+      return InvalidArgument("linear-gelu: h overlaps an input");
+  }
+  if (s.rows == 0 || s.out == 0) return absl::OkStatus();
+#ifdef LOSSRT_WITH_CUDA
+  if (context.device().is_cuda() && s.out % 8 == 0) {
+    ASSIGN_OR_RETURN(ScopedDevice scoped,
+                     ScopedDevice::Enter(context.device().ordinal));
+    ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+    ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
+    // As in LinearForward, with the GELU and its saved input in the epilogue.
+    GemmCall call;
+    call.a = RowMajor(weight, CUBLAS_OP_T);
+    call.b = RowMajor(x, CUBLAS_OP_N);
+    call.d = a.data;
+    call.d_type = CudaType(a.dtype);
+    call.m = s.out;
+    call.n = s.rows;
+    call.ld_d = s.out;
+    call.bias = bias != nullptr ? bias->data : nullptr;
+    call.epilogue = GemmEpilogue::kGeluAux;
+    call.aux = h.data;
+    call.ld_aux = s.out;
+    const absl::Status fused = gemm->Run(call, stream);
+    if (!absl::IsUnimplemented(fused)) return fused;
+  }
+#endif
+  // The two ops: h, then a from it.
+  RETURN_IF_ERROR(LinearForward(context, x, weight, bias, h));
+  return GeluForward(context, h, a);
+}
+
+absl::Status LinearGeluBackwardInput(Context& context, const Tensor& weight,
+                                     const Tensor& dy, const Tensor& h,
+                                     const Tensor& d_h) {
+  ASSIGN_OR_RETURN(const Sizes s, CheckOperands(context, h, weight, nullptr));
+  RETURN_IF_ERROR(
+      CheckTensor(context, dy, {s.rows, s.out}, {h.dtype}, "linear-gelu dy"));
+  RETURN_IF_ERROR(
+      CheckTensor(context, d_h, {s.rows, s.in}, {h.dtype}, "linear-gelu d_h"));
+  for (const Tensor* input : {&weight, &dy, &h}) {
+    if (Overlaps(d_h, *input))
+      return InvalidArgument("linear-gelu: d_h overlaps an input");
+  }
+  if (s.rows == 0) return absl::OkStatus();
+#ifdef LOSSRT_WITH_CUDA
+  if (context.device().is_cuda() && s.in % 8 == 0 && s.out > 0) {
+    ASSIGN_OR_RETURN(ScopedDevice scoped,
+                     ScopedDevice::Enter(context.device().ordinal));
+    ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+    ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
+    // The dx GEMM of LinearBackward, with gelu'(h) applied in its epilogue.
+    GemmCall call;
+    call.a = RowMajor(weight, CUBLAS_OP_N);
+    call.b = RowMajor(dy, CUBLAS_OP_N);
+    call.d = d_h.data;
+    call.d_type = CudaType(d_h.dtype);
+    call.m = s.in;
+    call.n = s.rows;
+    call.ld_d = s.in;
+    call.epilogue = GemmEpilogue::kDGelu;
+    call.aux = h.data;
+    call.ld_aux = s.in;
+    const absl::Status fused = gemm->Run(call, stream);
+    if (!absl::IsUnimplemented(fused)) return fused;
+  }
+#endif
+  // The two ops: dy @ weight into d_h, then the GELU's backward in place.
+  RETURN_IF_ERROR(InputGradient(context, s, weight, dy, d_h,
+                                /*accumulate=*/false));
+  return GeluBackward(context, h, d_h, d_h, /*accumulate=*/false);
 }
 
 }  // namespace ops

@@ -35,6 +35,25 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
                             const Tensor* dx, bool accumulate_dx,
                             const Tensor& d_weight, const Tensor* d_bias);
 
+// The GELU MLP's two GEMMs with the GELU (tanh approximation, as in
+// graph/ops/activation.h) fused into them: cuBLASLt's GELU_AUX and DGELU
+// epilogues on a GPU (the ops composed, where cuBLASLt has no algorithm, and
+// on the CPU).
+//
+// h [rows, out] = x [rows, in] @ weight [out, in]^T (+ bias [out]), the GELU's
+// input, saved for the backward, and a [rows, out] = gelu(h). a and h must not
+// overlap each other or the inputs.
+absl::Status LinearGeluForward(Context& context, const Tensor& x,
+                               const Tensor& weight, const Tensor* bias,
+                               const Tensor& a, const Tensor& h);
+
+// The gradient of h through a = gelu(h) and the linear layer y = a weight^T
+// that follows: d_h [rows, in] = (dy [rows, out] @ weight [out, in]) *
+// gelu'(h [rows, in]), written (not added). d_h must not overlap the inputs.
+absl::Status LinearGeluBackwardInput(Context& context, const Tensor& weight,
+                                     const Tensor& dy, const Tensor& h,
+                                     const Tensor& d_h);
+
 // Scratch LinearBackward takes from context.Workspace (the bias gradient's
 // partial sums on a GPU).
 int64_t LinearBackwardWorkspaceBytes(const Device& device, int64_t rows,
