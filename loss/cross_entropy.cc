@@ -279,7 +279,9 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
       args.targets, args.targets_i64, args.rows, args.vocab, args.ignore_index,
       args.class_weights, stats, stream));
-  if (options.validate_targets || weights != nullptr) {
+  const bool read_back = options.validate_targets || weights != nullptr;
+  args.follows_scan = !read_back;
+  if (read_back) {
     ce::TargetStats host_stats;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats, stats, sizeof(host_stats),
                                          cudaMemcpyDeviceToHost, stream));
@@ -297,8 +299,9 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
   CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
   if (reduce)
-    CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(
-        row_loss, problem.tokens, request.loss->data_as<float>(), stream));
+    CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(row_loss, problem.tokens,
+                                           request.loss->data_as<float>(),
+                                           stream, /*follows_rows=*/true));
   return absl::OkStatus();
 #else
   return absl::UnavailableError(

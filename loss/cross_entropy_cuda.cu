@@ -222,6 +222,37 @@ __device__ __forceinline__ MeanScales LoadMeanScales(const RowArgs& args) {
   return m;
 }
 
+// Programmatic dependent launch (sm_90): a row kernel may start while the
+// target scan before it runs. Everything older than the scan is complete when
+// the scan starts, so the logits and targets may be read at once; only the
+// scan's results wait for griddepcontrol.wait. Without the launch attribute
+// (or before sm_90) both instructions do nothing.
+__device__ __forceinline__ void WaitForPrerequisiteGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void LetDependentGridsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The target scan's results a row kernel needs: the mean's scales and the
+// class weights' total.
+struct ScanResults {
+  MeanScales mean;
+  float weight_total;
+};
+
+__device__ __forceinline__ float WeightTotal(const RowArgs& args);
+
+__device__ __forceinline__ ScanResults LoadScanResults(const RowArgs& args) {
+  WaitForPrerequisiteGrids();
+  return ScanResults{LoadMeanScales(args), WeightTotal(args)};
+}
+
 __device__ __forceinline__ RowCoefficients MakeCoefficients(
     const RowArgs& args, int64_t row, bool with_grad, const MeanScales& mean) {
   RowCoefficients c;
@@ -619,8 +650,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       cluster_size * blockDim.x;  // pieces between a thread's registers
   const int tile_pieces = stride * R;
   const bool smoothing = args.label_smoothing > 0.0f;
-  const float weight_total = WeightTotal(args);
-  const MeanScales mean = LoadMeanScales(args);
+  // The scan's results are read after the first row's statistics, which so
+  // overlap the scan; a dependent (the final sum) may launch now.
+  LetDependentGridsLaunch();
+  ScanResults scan{};
+  bool scanned = false;
   RowView view{static_cast<int>(args.vocab),
                0,
                stride,
@@ -634,7 +668,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
        row += clusters, parity ^= 1) {
     const T* logits_row =
         static_cast<const T*>(args.logits) + row * args.logits_stride;
-    const RowCoefficients c = MakeCoefficients(args, row, kGrad, mean);
+    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
     TileT tile;
     RowStats stats = IdentityStats();
     for (int t = 0; t < tiles; ++t) {
@@ -644,13 +678,19 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
           stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
+    if (!scanned) {
+      scan = LoadScanResults(args);
+      scanned = true;
+    }
+    c.ce_scale *= scan.mean.ce_inv;
+    c.z_scale *= scan.mean.z_inv;
     const float log_sum = log1pf(total.rest);
     const float lse = total.max + log_sum;
     if (rank == 0 && threadIdx.x == 0)
-      WriteRowLoss(args, row, c, total, lse, weight_total, mean);
+      WriteRowLoss(args, row, c, total, lse, scan.weight_total, scan.mean);
     if constexpr (kGrad) {
-      const GradCoefficients gc =
-          MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
+      const GradCoefficients gc = MakeGradCoefficients(
+          args, c, lse, scan.weight_total, total.max, log_sum);
       G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
       // Tiles are revisited last-first so that the tile still in registers goes
       // first.
@@ -677,6 +717,7 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
   constexpr int kW = TileT::kW;
   const int vocab = static_cast<int>(args.vocab);
   const int vecs = (vocab + kW - 1) / kW;
+  WaitForPrerequisiteGrids();  // the target scan's results, below
   const float weight_total = WeightTotal(args);
   const MeanScales mean = LoadMeanScales(args);
   RowView view{vocab,
@@ -721,8 +762,11 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
       (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const bool smoothing = args.label_smoothing > 0.0f;
-  const float weight_total = WeightTotal(args);
-  const MeanScales mean = LoadMeanScales(args);
+  // The scan's results are read after the first row's statistics, which so
+  // overlap the scan; a dependent (the final sum) may launch now.
+  LetDependentGridsLaunch();
+  ScanResults scan{};
+  bool scanned = false;
   RowView view{vocab,
                0,
                32,
@@ -732,7 +776,7 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   for (int64_t row = warp; row < args.rows; row += warps) {
     const T* logits_row =
         static_cast<const T*>(args.logits) + row * args.logits_stride;
-    const RowCoefficients c = MakeCoefficients(args, row, kGrad, mean);
+    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
     RowStats stats = IdentityStats();
     for (int first = lane; first < vecs; first += 32 * R) {
       TileT tile;
@@ -742,12 +786,19 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
           stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = WarpReduce(stats);
+    if (!scanned) {
+      scan = LoadScanResults(args);
+      scanned = true;
+    }
+    c.ce_scale *= scan.mean.ce_inv;
+    c.z_scale *= scan.mean.z_inv;
     const float log_sum = log1pf(total.rest);
     const float lse = total.max + log_sum;
-    if (lane == 0) WriteRowLoss(args, row, c, total, lse, weight_total, mean);
+    if (lane == 0)
+      WriteRowLoss(args, row, c, total, lse, scan.weight_total, scan.mean);
     if constexpr (kGrad) {
-      const GradCoefficients gc =
-          MakeGradCoefficients(args, c, lse, weight_total, total.max, log_sum);
+      const GradCoefficients gc = MakeGradCoefficients(
+          args, c, lse, scan.weight_total, total.max, log_sum);
       G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
       for (int first = lane; first < vecs; first += 32 * R) {
         TileT tile;
@@ -837,6 +888,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int stride = group_size * blockDim.x;
   const int first = rank * blockDim.x + threadIdx.x;
   const int stage_size = kStagedPieces * blockDim.x;
+  WaitForPrerequisiteGrids();  // the target scan's results, below
   const float weight_total = WeightTotal(args);
   const MeanScales mean = LoadMeanScales(args);
   const RowView view{vocab,
@@ -917,6 +969,7 @@ __global__ void __launch_bounds__(1024)
     TargetStatsKernel(const void* targets, bool targets_i64, int64_t rows,
                       int64_t vocab, int64_t ignore_index, const float* weights,
                       TargetStats* stats) {
+  LetDependentGridsLaunch();  // the row kernel may start on the logits now
   __shared__ double scratch_d[32];
   __shared__ long long scratch_i[32];
   double weight_sum = 0.0, weight_total = 0.0;
@@ -959,6 +1012,7 @@ __global__ void __launch_bounds__(1024)
 
 __global__ void __launch_bounds__(1024)
     SumRowsKernel(const float* row_loss, int64_t rows, float* loss) {
+  WaitForPrerequisiteGrids();  // the row kernel's losses
   __shared__ double scratch[32];
   double sum = 0.0;
 #pragma unroll 8
@@ -976,6 +1030,39 @@ int DeviceMajor() {
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   return major;
+}
+
+// Launches a kernel; with `programmatic` (its predecessor on the stream is
+// the kernel whose results it reads behind griddepcontrol.wait: the target
+// scan, or the row kernel for the final sum) and sm_90, with programmatic
+// stream serialization, so that it may start while that kernel still runs.
+// `cluster` > 1 adds the cluster dimension.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(bool programmatic, void (*kernel)(Params...),
+                            unsigned grid, unsigned block, size_t shared_bytes,
+                            int cluster, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (programmatic && DeviceMajor() >= 9) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 // Chooses the cluster size, threads and tiles for a row of `vecs` vectors, R
@@ -1043,9 +1130,10 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
     max_clusters = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
   }
   const int64_t clusters = args.rows < max_clusters ? args.rows : max_clusters;
-  config.gridDim = dim3(static_cast<unsigned>(clusters * launch.cluster_size));
-  return cudaLaunchKernelEx(&config, kernel, args, launch.cluster_size,
-                            launch.tiles);
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(clusters * launch.cluster_size),
+                         launch.threads, 0, launch.cluster_size, stream, args,
+                         launch.cluster_size, launch.tiles);
 }
 
 // Launch of the pipelined backward: blocks of up to 512 threads with 8 pieces
@@ -1090,10 +1178,10 @@ cudaError_t LaunchPipelinedBackward(const RowArgs& args, int num_sms,
       int64_t{per_sm > 0 ? per_sm : 1} * num_sms / launch.group_size;
   if (groups < 1) groups = 1;
   if (groups > args.rows) groups = args.rows;
-  kernel<<<static_cast<unsigned>(groups * launch.group_size), launch.threads,
-           launch.shared_bytes, stream>>>(args, launch.group_size,
-                                          launch.stages);
-  return cudaGetLastError();
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(groups * launch.group_size),
+                         launch.threads, launch.shared_bytes, 1, stream, args,
+                         launch.group_size, launch.stages);
 }
 
 bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
@@ -1118,8 +1206,9 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   const int64_t max_blocks = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
   const int64_t needed = (args.rows + 7) / 8;
   const int64_t blocks = needed < max_blocks ? needed : max_blocks;
-  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(blocks), 256, 0, 1, stream,
+                         args);
 }
 
 // Forward: the warp-per-row kernel (a read-only stream). Fused: the
@@ -1161,8 +1250,9 @@ cudaError_t LaunchBackwardTyped(const RowArgs& args, int num_sms,
   if (error != cudaSuccess) return error;
   const int64_t max_blocks = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
   const int64_t blocks = args.rows < max_blocks ? args.rows : max_blocks;
-  kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(blocks), 256, 0, 1, stream,
+                         args);
 }
 
 // Calls fn.template operator()<T, G>() for the (logits, grad) element types of
@@ -1256,9 +1346,9 @@ cudaError_t LaunchBackward(const RowArgs& args, int num_sms,
 }
 
 cudaError_t LaunchSumRows(const float* row_loss, int64_t rows, float* loss,
-                          cudaStream_t stream) {
-  SumRowsKernel<<<1, 1024, 0, stream>>>(row_loss, rows, loss);
-  return cudaGetLastError();
+                          cudaStream_t stream, bool follows_rows) {
+  return LaunchDependent(follows_rows, SumRowsKernel, 1, 1024, 0, 1, stream,
+                         row_loss, rows, loss);
 }
 
 }  // namespace ce

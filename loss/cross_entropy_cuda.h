@@ -33,8 +33,10 @@ cudaError_t LaunchBackward(const RowArgs& args, int num_sms,
                            cudaStream_t stream);
 
 // loss[0] = sum of row_loss[0..rows) as f32, summed in double in a fixed order.
+// `follows_rows`: the launch comes right after the LaunchRows that writes
+// row_loss, on the same stream, and may overlap its tail (sm_90).
 cudaError_t LaunchSumRows(const float* row_loss, int64_t rows, float* loss,
-                          cudaStream_t stream);
+                          cudaStream_t stream, bool follows_rows = false);
 
 }  // namespace ce
 }  // namespace lossrt

@@ -59,6 +59,11 @@ struct RowArgs {
   void* grad = nullptr;
   int grad_type = kF32;
   int64_t grad_stride = 0;
+  // The launch comes right after LaunchTargetStats on the same stream (nothing
+  // in between): on sm_90 the row kernel may then start while the scan runs,
+  // reading the logits at once and the scan's results after
+  // griddepcontrol.wait.
+  bool follows_scan = false;
   // Launch tuning of the CUDA row kernels (0 = automatic); for the benchmark's
   // sweep.
   int tune_kernel =
