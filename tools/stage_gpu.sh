@@ -128,7 +128,8 @@ main() {
     problems=$(check_libraries "${STAGE}/${name}")
     glibc=$(objdump -T "${STAGE}/${name}" 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sort -Vu | tail -n 1)
     echo "${name} | ${label} | ${glibc:-?} | $(readelf -d "${STAGE}/${name}" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | tr '\n' ' ')" >>"${STAGE}/MANIFEST"
-    if grep -qv '^note:' <<<"${problems}"; then
+    # Any line but a note (an empty result is one empty line, not a problem).
+    if grep -v '^note:' <<<"${problems}" | grep -q .; then
       say "BAD ${label}:"
       grep -v '^note:' <<<"${problems}" | sed 's/^/    /' >&2
       bad+=1
