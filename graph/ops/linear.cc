@@ -98,6 +98,39 @@ GemmOperand RowMajor(const Tensor& t, cublasOperation_t op) {
   operand.op = op;
   return operand;
 }
+
+// The forward GEMM: column-major y^T [out, rows] = op(w^T [in, out]) = w
+// [out, in] times x^T [in, rows] (+ bias).
+GemmCall ForwardCall(const Sizes& s, const Tensor& x, const Tensor& weight,
+                     const Tensor* bias, const Tensor& y) {
+  GemmCall call;
+  call.a = RowMajor(weight, CUBLAS_OP_T);
+  call.b = RowMajor(x, CUBLAS_OP_N);
+  call.d = y.data;
+  call.d_type = CudaType(y.dtype);
+  call.m = s.out;
+  call.n = s.rows;
+  call.ld_d = s.out;
+  call.bias = bias != nullptr ? bias->data : nullptr;
+  return call;
+}
+
+// The input-gradient GEMM: dx^T [in, rows] = (or +=) w^T [in, out] (w read as
+// stored) times dy^T.
+GemmCall InputGradientCall(const Sizes& s, const Tensor& weight,
+                           const Tensor& dy, const Tensor& dx,
+                           bool accumulate) {
+  GemmCall call;
+  call.a = RowMajor(weight, CUBLAS_OP_N);
+  call.b = RowMajor(dy, CUBLAS_OP_N);
+  call.d = dx.data;
+  call.d_type = CudaType(dx.dtype);
+  call.m = s.in;
+  call.n = s.rows;
+  call.ld_d = s.in;
+  call.beta = accumulate ? 1.0f : 0.0f;
+  return call;
+}
 #endif
 
 // dx [rows, in] = (or +=) dy [rows, out] @ weight [out, in]: the input's
@@ -137,17 +170,7 @@ absl::Status InputGradient(Context& context, const Sizes& s,
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-  // dx^T [in, rows] = w^T [in, out] (w read as stored) times dy^T.
-  GemmCall call;
-  call.a = RowMajor(weight, CUBLAS_OP_N);
-  call.b = RowMajor(dy, CUBLAS_OP_N);
-  call.d = dx.data;
-  call.d_type = CudaType(dx.dtype);
-  call.m = s.in;
-  call.n = s.rows;
-  call.ld_d = s.in;
-  call.beta = accumulate ? 1.0f : 0.0f;
-  return gemm->Run(call, stream);
+  return gemm->Run(InputGradientCall(s, weight, dy, dx, accumulate), stream);
 #else
   return absl::UnavailableError("linear on a CUDA device: built without CUDA");
 #endif
@@ -186,18 +209,7 @@ absl::Status LinearForward(Context& context, const Tensor& x,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-  // Column-major: y^T [out, rows] = op(w^T [in, out]) = w [out, in] times
-  // x^T [in, rows].
-  GemmCall call;
-  call.a = RowMajor(weight, CUBLAS_OP_T);
-  call.b = RowMajor(x, CUBLAS_OP_N);
-  call.d = y.data;
-  call.d_type = CudaType(y.dtype);
-  call.m = s.out;
-  call.n = s.rows;
-  call.ld_d = s.out;
-  call.bias = bias != nullptr ? bias->data : nullptr;
-  return gemm->Run(call, stream);
+  return gemm->Run(ForwardCall(s, x, weight, bias, y), stream);
 #else
   return absl::UnavailableError("linear on a CUDA device: built without CUDA");
 #endif
@@ -308,16 +320,9 @@ absl::Status LinearGeluForward(Context& context, const Tensor& x,
                      ScopedDevice::Enter(context.device().ordinal));
     ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
     ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-    // As in LinearForward, with the GELU and its saved input in the epilogue.
-    GemmCall call;
-    call.a = RowMajor(weight, CUBLAS_OP_T);
-    call.b = RowMajor(x, CUBLAS_OP_N);
-    call.d = a.data;
-    call.d_type = CudaType(a.dtype);
-    call.m = s.out;
-    call.n = s.rows;
-    call.ld_d = s.out;
-    call.bias = bias != nullptr ? bias->data : nullptr;
+    // LinearForward's GEMM, with the GELU and its saved input in the
+    // epilogue.
+    GemmCall call = ForwardCall(s, x, weight, bias, a);
     call.epilogue = GemmEpilogue::kGeluAux;
     call.aux = h.data;
     call.ld_aux = s.out;
@@ -349,15 +354,8 @@ absl::Status LinearGeluBackwardInput(Context& context, const Tensor& weight,
                      ScopedDevice::Enter(context.device().ordinal));
     ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
     ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-    // The dx GEMM of LinearBackward, with gelu'(h) applied in its epilogue.
-    GemmCall call;
-    call.a = RowMajor(weight, CUBLAS_OP_N);
-    call.b = RowMajor(dy, CUBLAS_OP_N);
-    call.d = d_h.data;
-    call.d_type = CudaType(d_h.dtype);
-    call.m = s.in;
-    call.n = s.rows;
-    call.ld_d = s.in;
+    // LinearBackward's dx GEMM, with gelu'(h) applied in its epilogue.
+    GemmCall call = InputGradientCall(s, weight, dy, d_h, /*accumulate=*/false);
     call.epilogue = GemmEpilogue::kDGelu;
     call.aux = h.data;
     call.ld_aux = s.in;
