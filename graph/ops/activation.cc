@@ -38,43 +38,12 @@ absl::Status CheckSameOrDisjoint(const Tensor& out, const Tensor& in,
   return absl::OkStatus();
 }
 
-// CheckTensor for element-wise operands of any rank: on the context's
-// device, contiguous, within the element limit, with data unless empty, and an
+// An element-wise operand of any rank: placed (op_checks.h) and of an
 // activation dtype.
 absl::Status CheckOperand(const Context& context, const Tensor& tensor,
                           absl::string_view name) {
-  if (tensor.device != context.device()) {
-    return InvalidArgument(name, " is on ", tensor.device.ToString(),
-                           ", the context on ", context.device().ToString());
-  }
-  RETURN_IF_ERROR(CheckActivationDType(context, tensor.dtype, name));
-  for (int64_t d : tensor.shape) {
-    if (d < 0) return InvalidArgument(name, " has a negative dimension");
-  }
-  if (!tensor.is_contiguous()) {
-    return InvalidArgument(name, " must be contiguous: ", tensor.ShapeString());
-  }
-  if (tensor.numel() > kMaxElements) {
-    return InvalidArgument(name, " has ", tensor.numel(),
-                           " elements, more than the ops' limit of ",
-                           kMaxElements);
-  }
-  if (tensor.numel() > 0 && tensor.data == nullptr) {
-    return InvalidArgument(name, " has no data");
-  }
-  return absl::OkStatus();
-}
-
-// CheckOperand, and x's shape and dtype.
-absl::Status CheckLikeX(const Context& context, const Tensor& tensor,
-                        const Tensor& x, absl::string_view name) {
-  RETURN_IF_ERROR(CheckOperand(context, tensor, name));
-  RETURN_IF_ERROR(CheckShape(tensor, absl::MakeConstSpan(x.shape), name));
-  if (tensor.dtype != x.dtype) {
-    return InvalidArgument(name, ": dtype ", DTypeName(tensor.dtype),
-                           " differs from x's ", DTypeName(x.dtype));
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPlacement(context, tensor, name));
+  return CheckActivationDType(context, tensor.dtype, name);
 }
 
 // x [rows, 2F] of SwiGLU: returns F.
@@ -186,7 +155,7 @@ void SwiGluBackwardCpu(const T* x, const T* dy, T* dx, int64_t rows,
 
 absl::Status GeluForward(Context& context, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckOperand(context, x, "x"));
-  RETURN_IF_ERROR(CheckLikeX(context, y, x, "y"));
+  RETURN_IF_ERROR(CheckLike(context, y, x, "y", "x"));
   RETURN_IF_ERROR(CheckSameOrDisjoint(y, x, "y", "x"));
   const int64_t n = x.numel();
   if (n == 0) return absl::OkStatus();
@@ -213,8 +182,8 @@ absl::Status GeluForward(Context& context, const Tensor& x, const Tensor& y) {
 absl::Status GeluBackward(Context& context, const Tensor& x, const Tensor& dy,
                           const Tensor& dx, bool accumulate) {
   RETURN_IF_ERROR(CheckOperand(context, x, "x"));
-  RETURN_IF_ERROR(CheckLikeX(context, dy, x, "dy"));
-  RETURN_IF_ERROR(CheckLikeX(context, dx, x, "dx"));
+  RETURN_IF_ERROR(CheckLike(context, dy, x, "dy", "x"));
+  RETURN_IF_ERROR(CheckLike(context, dx, x, "dx", "x"));
   RETURN_IF_ERROR(CheckSameOrDisjoint(dx, x, "dx", "x"));
   RETURN_IF_ERROR(CheckSameOrDisjoint(dx, dy, "dx", "dy"));
   const int64_t n = x.numel();

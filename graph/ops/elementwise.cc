@@ -24,45 +24,6 @@ namespace lossrt {
 namespace ops {
 namespace {
 
-// CheckTensor for tensors of any shape: on the context's device, contiguous,
-// within the element limit, with data unless empty.
-absl::Status CheckPlacement(const Context& context, const Tensor& tensor,
-                            absl::string_view name) {
-  if (tensor.device != context.device()) {
-    return InvalidArgument(name, " is on ", tensor.device.ToString(),
-                           ", the context on ", context.device().ToString());
-  }
-  for (int64_t d : tensor.shape) {
-    if (d < 0) return InvalidArgument(name, " has a negative dimension");
-  }
-  if (!tensor.is_contiguous()) {
-    return InvalidArgument(name, " must be contiguous: ", tensor.ShapeString());
-  }
-  if (tensor.numel() > kMaxElements) {
-    return InvalidArgument(name, " has ", tensor.numel(),
-                           " elements, more than the ops' limit of ",
-                           kMaxElements);
-  }
-  if (tensor.numel() > 0 && tensor.data == nullptr) {
-    return InvalidArgument(name, " has no data");
-  }
-  return absl::OkStatus();
-}
-
-// CheckPlacement, and the shape and dtype of `like`.
-absl::Status CheckLike(const Context& context, const Tensor& tensor,
-                       const Tensor& like, absl::string_view name,
-                       absl::string_view like_name) {
-  RETURN_IF_ERROR(CheckPlacement(context, tensor, name));
-  RETURN_IF_ERROR(CheckShape(tensor, absl::MakeConstSpan(like.shape), name));
-  if (tensor.dtype != like.dtype) {
-    return InvalidArgument(name, ": dtype ", DTypeName(tensor.dtype),
-                           " differs from ", like_name, "'s ",
-                           DTypeName(like.dtype));
-  }
-  return absl::OkStatus();
-}
-
 // Calls f with a value of the host storage type of `dtype` (f32, f64, or the
 // bits of a bf16).
 template <typename F>

@@ -42,6 +42,18 @@ absl::Status CheckTensor(const Context& context, const Tensor& tensor,
                          std::initializer_list<DType> allowed,
                          absl::string_view name);
 
+// OK when `tensor`, of any shape, is on the context's device, contiguous, with
+// no negative dimension, at most kMaxElements elements and data (unless it is
+// empty); otherwise an InvalidArgument naming `name`.
+absl::Status CheckPlacement(const Context& context, const Tensor& tensor,
+                            absl::string_view name);
+
+// CheckPlacement, and the shape and dtype of `like` (named `like_name` in the
+// message).
+absl::Status CheckLike(const Context& context, const Tensor& tensor,
+                       const Tensor& like, absl::string_view name,
+                       absl::string_view like_name);
+
 // Whether the bytes two views span intersect (false when either has no data).
 bool Overlaps(const Tensor& a, const Tensor& b);
 
