@@ -59,6 +59,28 @@ absl::StatusOr<OwnedTensor> PoisonedTensor(Context& context, DType dtype,
   return FromImage(context, dtype, std::move(shape), image);
 }
 
+absl::StatusOr<Placed> Place(Context& context, DType dtype, Shape shape,
+                             absl::Span<const double> values, bool misaligned,
+                             bool poison) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  if (!poison && static_cast<int64_t>(values.size()) != count) {
+    return absl::InvalidArgumentError("Place: values do not fill the shape");
+  }
+  const int64_t pad = misaligned ? 1 : 0;
+  std::vector<double> padded(pad + count, 0.0);
+  if (!poison) std::copy(values.begin(), values.end(), padded.begin() + pad);
+  const Shape flat = {static_cast<int64_t>(padded.size())};
+  Placed placed;
+  ASSIGN_OR_RETURN(placed.owned, poison
+                                     ? PoisonedTensor(context, dtype, flat)
+                                     : FromHost(context, dtype, flat, padded));
+  placed.view = Tensor::Of(
+      static_cast<char*>(placed.owned.view.data) + pad * DTypeSize(dtype),
+      dtype, std::move(shape), context.device());
+  return placed;
+}
+
 absl::StatusOr<std::vector<double>> ToHost(Context& context,
                                            const Tensor& tensor) {
   ASSIGN_OR_RETURN(Bytes image, ToImage(context, tensor));

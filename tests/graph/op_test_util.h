@@ -57,6 +57,17 @@ absl::StatusOr<OwnedTensor> PoisonedTensor(Context& context, DType dtype,
 absl::StatusOr<std::vector<double>> ToHost(Context& context,
                                            const Tensor& tensor);
 
+// A tensor on the context's device viewed as `shape`: holding `values`, or
+// poisoned (`poison`; its size then comes from `shape`). `misaligned` puts
+// the view one element into a larger tensor, off 16-byte alignment.
+struct Placed {
+  OwnedTensor owned;
+  Tensor view;
+};
+absl::StatusOr<Placed> Place(Context& context, DType dtype, Shape shape,
+                             absl::Span<const double> values,
+                             bool misaligned = false, bool poison = false);
+
 // How many elements of the tensor still hold the poison.
 absl::StatusOr<int64_t> CountPoison(Context& context, const Tensor& tensor);
 

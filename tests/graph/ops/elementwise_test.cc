@@ -30,6 +30,8 @@ namespace {
 
 using test::FromHost;
 using test::MakeContext;
+using test::Place;
+using test::Placed;
 using test::PoisonedTensor;
 using test::RandomValues;
 using test::RoundTo;
@@ -38,30 +40,6 @@ using test::ToHost;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<Device> Devices() { return test::TestDevices(); }
-
-// A tensor, or a view one element into a larger one (misaligned for 16-byte
-// vectors).
-struct Placed {
-  OwnedTensor owned;
-  Tensor view;
-};
-
-absl::StatusOr<Placed> Place(Context& context, DType dtype,
-                             const std::vector<double>& values, bool misaligned,
-                             bool poison = false) {
-  const int64_t pad = misaligned ? 1 : 0;
-  std::vector<double> padded(pad, 0.0);
-  padded.insert(padded.end(), values.begin(), values.end());
-  const Shape flat = {static_cast<int64_t>(padded.size())};
-  Placed placed;
-  ASSIGN_OR_RETURN(placed.owned, poison
-                                     ? PoisonedTensor(context, dtype, flat)
-                                     : FromHost(context, dtype, flat, padded));
-  placed.view = Tensor::Of(
-      static_cast<char*>(placed.owned.view.data) + pad * DTypeSize(dtype),
-      dtype, {static_cast<int64_t>(values.size())}, context.device());
-  return placed;
-}
 
 std::vector<DType> ActivationDTypes(const Device& device) {
   if (device.is_cpu()) return {DType::kF32, DType::kF64};
@@ -87,15 +65,15 @@ TEST(AddTest, MatchesExactSum) {
       for (int64_t n : {int64_t{1}, int64_t{1003}, int64_t{1} << 17}) {
         for (bool misaligned : {false, true}) {
           SCOPED_TRACE(Trace(device, dtype, n, misaligned));
+          ASSERT_OK_AND_ASSIGN(Placed a,
+                               Place(*context, dtype, {n},
+                                     RandomValues(n, seed, -4, 4), misaligned));
           ASSERT_OK_AND_ASSIGN(
-              Placed a,
-              Place(*context, dtype, RandomValues(n, seed, -4, 4), misaligned));
+              Placed b, Place(*context, dtype, {n},
+                              RandomValues(n, seed + 1, -4, 4), misaligned));
           ASSERT_OK_AND_ASSIGN(
-              Placed b, Place(*context, dtype, RandomValues(n, seed + 1, -4, 4),
-                              misaligned));
-          ASSERT_OK_AND_ASSIGN(Placed y,
-                               Place(*context, dtype, std::vector<double>(n),
-                                     misaligned, /*poison=*/true));
+              Placed y, Place(*context, dtype, {n}, std::vector<double>(n),
+                              misaligned, /*poison=*/true));
           ASSERT_OK_AND_ASSIGN(std::vector<double> av,
                                ToHost(*context, a.view));
           ASSERT_OK_AND_ASSIGN(std::vector<double> bv,
@@ -153,12 +131,12 @@ TEST(AccumulateIntoTest, MatchesExactResult) {
             // Values with more digits than f32 holds, so that every rounding
             // shows.
             ASSERT_OK_AND_ASSIGN(
-                Placed src, Place(*context, src_dtype,
+                Placed src, Place(*context, src_dtype, {n},
                                   RandomValues(n, seed, -3, 3), misaligned));
             ASSERT_OK_AND_ASSIGN(
-                Placed dst,
-                Place(*context, dst_dtype, RandomValues(n, seed + 1, -3, 3),
-                      !misaligned, /*poison=*/!accumulate));
+                Placed dst, Place(*context, dst_dtype, {n},
+                                  RandomValues(n, seed + 1, -3, 3), !misaligned,
+                                  /*poison=*/!accumulate));
             ASSERT_OK_AND_ASSIGN(std::vector<double> sv,
                                  ToHost(*context, src.view));
             ASSERT_OK_AND_ASSIGN(std::vector<double> dv,

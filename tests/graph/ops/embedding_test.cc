@@ -35,6 +35,8 @@ using test::F64View;
 using test::FromHost;
 using test::MakeContext;
 using test::MaxAbs;
+using test::Place;
+using test::Placed;
 using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
@@ -220,36 +222,6 @@ struct GpuCase {
   bool misaligned;
   const char* name;
 };
-
-struct Placed {
-  OwnedTensor owned;
-  Tensor view;
-};
-
-// A tensor, or a view one element into a larger one (misaligned).
-absl::StatusOr<Placed> Place(Context& context, DType dtype, Shape shape,
-                             const std::vector<double>& values, bool misaligned,
-                             bool poison = false) {
-  // Poisoned tensors take their size from the shape; `values` must fill
-  // the others.
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  if (!poison && static_cast<int64_t>(values.size()) != count) {
-    return absl::InvalidArgumentError("Place: values do not fill the shape");
-  }
-  const int64_t pad = misaligned ? 1 : 0;
-  std::vector<double> padded(pad + count, 0.0);
-  if (!poison) std::copy(values.begin(), values.end(), padded.begin() + pad);
-  const Shape flat = {static_cast<int64_t>(padded.size())};
-  Placed placed;
-  ASSIGN_OR_RETURN(placed.owned, poison
-                                     ? PoisonedTensor(context, dtype, flat)
-                                     : FromHost(context, dtype, flat, padded));
-  placed.view = Tensor::Of(
-      static_cast<char*>(placed.owned.view.data) + pad * DTypeSize(dtype),
-      dtype, std::move(shape), context.device());
-  return placed;
-}
 
 class EmbeddingGpuTest : public ::testing::TestWithParam<GpuCase> {};
 

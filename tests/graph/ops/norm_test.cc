@@ -36,6 +36,8 @@ using test::F64View;
 using test::FromHost;
 using test::MakeContext;
 using test::MaxAbs;
+using test::Place;
+using test::Placed;
 using test::Plus;
 using test::PoisonedTensor;
 using test::RandomValues;
@@ -261,38 +263,6 @@ struct RunOutputs {
   std::vector<double> x, gamma, beta, dy, dx0;
   std::vector<double> y, mean, rstd, dx, d_gamma, d_beta;
 };
-
-// Holds a tensor and, when misaligned, a view one element into it.
-struct Placed {
-  OwnedTensor owned;
-  Tensor view;
-};
-
-absl::StatusOr<Placed> Place(Context& context, DType dtype, Shape shape,
-                             const std::vector<double>& values, bool misaligned,
-                             bool poison) {
-  // Poisoned tensors take their size from the shape; `values` must fill
-  // the others.
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  if (!poison && static_cast<int64_t>(values.size()) != count) {
-    return absl::InvalidArgumentError("Place: values do not fill the shape");
-  }
-  const int64_t pad = misaligned ? 1 : 0;
-  std::vector<double> padded(pad + count, 0.0);
-  if (!poison) std::copy(values.begin(), values.end(), padded.begin() + pad);
-  Placed placed;
-  ASSIGN_OR_RETURN(
-      placed.owned,
-      poison ? PoisonedTensor(context, dtype,
-                              {static_cast<int64_t>(padded.size())})
-             : FromHost(context, dtype, {static_cast<int64_t>(padded.size())},
-                        padded));
-  placed.view = Tensor::Of(
-      static_cast<char*>(placed.owned.view.data) + pad * DTypeSize(dtype),
-      dtype, std::move(shape), context.device());
-  return placed;
-}
 
 absl::StatusOr<RunOutputs> RunNorm(Context& context, DType dtype,
                                    const RunInputs& in) {
