@@ -105,16 +105,6 @@ absl::Status CheckOptions(const CausalAttentionOptions& options) {
                          static_cast<int>(options.kernel));
 }
 
-absl::Status CheckNoOverlap(const Tensor& output, const char* name,
-                            std::initializer_list<const Tensor*> others) {
-  for (const Tensor* other : others) {
-    if (Overlaps(output, *other)) {
-      return InvalidArgument(name, " overlaps another argument of the call");
-    }
-  }
-  return absl::OkStatus();
-}
-
 // qkv, out and lse as the forward takes them (the backward's inputs too).
 absl::StatusOr<Dims> CheckQkvOutLse(const Context& context, const Tensor& qkv,
                                     int64_t batch, int64_t seq, int64_t heads,
@@ -559,8 +549,8 @@ absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
   RETURN_IF_ERROR(CheckOptions(options));
   ASSIGN_OR_RETURN(const Dims d,
                    CheckQkvOutLse(context, qkv, batch, seq, heads, out, lse));
-  RETURN_IF_ERROR(CheckNoOverlap(out, "out", {&qkv, &lse}));
-  RETURN_IF_ERROR(CheckNoOverlap(lse, "lse", {&qkv}));
+  RETURN_IF_ERROR(CheckDisjoint({&out, "out"}, {{&qkv, "qkv"}, {&lse, "lse"}}));
+  RETURN_IF_ERROR(CheckDisjoint({&lse, "lse"}, {{&qkv, "qkv"}}));
 
   if (context.device().is_cpu()) {
     ASSIGN_OR_RETURN(void* scratch,
@@ -623,7 +613,9 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
                               {qkv.dtype}, "d_out"));
   RETURN_IF_ERROR(CheckTensor(context, d_qkv, {d.rows(), 3 * d.channels},
                               {qkv.dtype}, "d_qkv"));
-  RETURN_IF_ERROR(CheckNoOverlap(d_qkv, "d_qkv", {&qkv, &out, &lse, &d_out}));
+  RETURN_IF_ERROR(CheckDisjoint(
+      {&d_qkv, "d_qkv"},
+      {{&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}, {&d_out, "d_out"}}));
 
   if (context.device().is_cpu()) {
     ASSIGN_OR_RETURN(void* scratch,

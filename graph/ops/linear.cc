@@ -305,14 +305,11 @@ absl::Status LinearGeluForward(Context& context, const Tensor& x,
       CheckTensor(context, a, {s.rows, s.out}, {x.dtype}, "linear-gelu a"));
   RETURN_IF_ERROR(
       CheckTensor(context, h, {s.rows, s.out}, {x.dtype}, "linear-gelu h"));
-  for (const Tensor* input : {&x, &weight, bias, &h}) {
-    if (input != nullptr && Overlaps(a, *input))
-      return InvalidArgument("linear-gelu: a overlaps another operand");
-  }
-  for (const Tensor* input : {&x, &weight, bias}) {
-    if (input != nullptr && Overlaps(h, *input))
-      return InvalidArgument("linear-gelu: h overlaps an input");
-  }
+  RETURN_IF_ERROR(CheckDisjoint(
+      {&a, "linear-gelu a"},
+      {{&x, "x"}, {&weight, "weight"}, {bias, "bias"}, {&h, "h"}}));
+  RETURN_IF_ERROR(CheckDisjoint(
+      {&h, "linear-gelu h"}, {{&x, "x"}, {&weight, "weight"}, {bias, "bias"}}));
   if (s.rows == 0 || s.out == 0) return absl::OkStatus();
 #ifdef LOSSRT_WITH_CUDA
   if (context.device().is_cuda() && s.out % 8 == 0) {
@@ -343,10 +340,8 @@ absl::Status LinearGeluBackwardInput(Context& context, const Tensor& weight,
       CheckTensor(context, dy, {s.rows, s.out}, {h.dtype}, "linear-gelu dy"));
   RETURN_IF_ERROR(
       CheckTensor(context, d_h, {s.rows, s.in}, {h.dtype}, "linear-gelu d_h"));
-  for (const Tensor* input : {&weight, &dy, &h}) {
-    if (Overlaps(d_h, *input))
-      return InvalidArgument("linear-gelu: d_h overlaps an input");
-  }
+  RETURN_IF_ERROR(CheckDisjoint({&d_h, "linear-gelu d_h"},
+                                {{&weight, "weight"}, {&dy, "dy"}, {&h, "h"}}));
   if (s.rows == 0) return absl::OkStatus();
 #ifdef LOSSRT_WITH_CUDA
   if (context.device().is_cuda() && s.in % 8 == 0 && s.out > 0) {

@@ -41,22 +41,6 @@ int64_t MaxBackwardBlocks(int64_t rows) {
   return (rows + kMinRowsPerBackwardBlock - 1) / kMinRowsPerBackwardBlock;
 }
 
-struct Named {
-  const Tensor* tensor;  // null: absent, skipped
-  const char* name;
-};
-
-// InvalidArgument when `out` overlaps any of `others`.
-absl::Status CheckDisjoint(const Named& out,
-                           std::initializer_list<Named> others) {
-  for (const Named& other : others) {
-    if (other.tensor != nullptr && Overlaps(*out.tensor, *other.tensor)) {
-      return InvalidArgument(out.name, " overlaps ", other.name);
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckEps(float eps) {
   if (!(eps >= 0.0f) || !std::isfinite(eps)) {
     return InvalidArgument("eps must be finite and >= 0, got ", eps);

@@ -70,5 +70,15 @@ bool Overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
 }
 
+absl::Status CheckDisjoint(const Named& out,
+                           std::initializer_list<Named> others) {
+  for (const Named& other : others) {
+    if (other.tensor != nullptr && Overlaps(*out.tensor, *other.tensor)) {
+      return InvalidArgument(out.name, " overlaps ", other.name);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ops
 }  // namespace lossrt

@@ -57,6 +57,17 @@ absl::Status CheckLike(const Context& context, const Tensor& tensor,
 // Whether the bytes two views span intersect (false when either has no data).
 bool Overlaps(const Tensor& a, const Tensor& b);
 
+// A tensor and the name an error message gives it; a null tensor is absent.
+struct Named {
+  const Tensor* tensor;
+  const char* name;
+};
+
+// InvalidArgument ("<out> overlaps <other>") when `out` overlaps any of
+// `others`.
+absl::Status CheckDisjoint(const Named& out,
+                           std::initializer_list<Named> others);
+
 }  // namespace ops
 }  // namespace lossrt
 
