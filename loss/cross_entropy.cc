@@ -41,14 +41,6 @@ absl::Status CheckOnDevice(const Tensor& tensor, const Context& context,
   return absl::OkStatus();
 }
 
-// Where two tensors' byte ranges overlap.
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 struct Problem {
   int64_t tokens = 0;
   int64_t vocab = 0;

@@ -589,13 +589,6 @@ absl::Status CheckGradients(const Context& context, const Problem& problem) {
   return absl::OkStatus();
 }
 
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 // Outputs may overlap neither an input nor each other.
 absl::Status CheckNoOverlap(const Problem& problem) {
   using Named = std::pair<const Tensor*, const char*>;

@@ -35,6 +35,13 @@ int64_t Tensor::span_bytes() const {
   return ((shape[0] - 1) * row_stride + row_elements()) * DTypeSize(dtype);
 }
 
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (a.data == nullptr || b.data == nullptr) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
+}
+
 std::string Tensor::ShapeString() const {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "] ", DTypeName(dtype),
                       " ", device.ToString(),

@@ -73,6 +73,9 @@ struct Tensor {
   std::string ShapeString() const;  // "[16384, 4096] f32 cuda:0"
 };
 
+// Whether the bytes two views span intersect (false when either has no data).
+bool Overlaps(const Tensor& a, const Tensor& b);
+
 // InvalidArgument naming `name`, the expected and the actual shape when they
 // differ (-1 in `expected` matches any size).
 absl::Status CheckShape(const Tensor& tensor,

@@ -63,13 +63,6 @@ absl::Status CheckLike(const Context& context, const Tensor& tensor,
   return absl::OkStatus();
 }
 
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  if (a.data == nullptr || b.data == nullptr) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
-}
-
 absl::Status CheckDisjoint(const Named& out,
                            std::initializer_list<Named> others) {
   for (const Named& other : others) {

@@ -54,9 +54,6 @@ absl::Status CheckLike(const Context& context, const Tensor& tensor,
                        const Tensor& like, absl::string_view name,
                        absl::string_view like_name);
 
-// Whether the bytes two views span intersect (false when either has no data).
-bool Overlaps(const Tensor& a, const Tensor& b);
-
 // A tensor and the name an error message gives it; a null tensor is absent.
 struct Named {
   const Tensor* tensor;

@@ -35,16 +35,14 @@ int64_t NormPartials(int64_t n) {
                   (n + kNormElementsPerBlock - 1) / kNormElementsPerBlock);
 }
 
-struct Named {
-  const Tensor* tensor;
-  const char* name;
-};
+using ops::Named;
 
+// InvalidArgument when any two of `tensors` overlap.
 absl::Status CheckNoOverlaps(std::initializer_list<Named> tensors) {
   for (auto a = tensors.begin(); a != tensors.end(); ++a) {
     for (auto b = a + 1; b != tensors.end(); ++b) {
       if (a->tensor != nullptr && b->tensor != nullptr &&
-          ops::Overlaps(*a->tensor, *b->tensor)) {
+          Overlaps(*a->tensor, *b->tensor)) {
         return InvalidArgument(a->name, " and ", b->name, " overlap");
       }
     }
