@@ -110,6 +110,10 @@ bool NodeRun::accumulate(int i) const {
   return info.kind == ValueKind::kParameter || graph_.grad_written_[value.id];
 }
 
+bool NodeRun::grad_shares_output(int i) const {
+  return (graph_.grad_shares_output_[node_] >> i) & 1u;
+}
+
 Tensor NodeRun::output_grad(int i) const {
   return graph_.grad(graph_.nodes_[node_]->outputs[i]);
 }
@@ -477,12 +481,77 @@ void Graph::PlanMemory() {
     }
     if (BackwardReadsOutput(*nodes_[p])) death = std::max(death, 2 * n - 1 - p);
     intervals.push_back({bytes, p, death, &info.data_offset});
-    if (info.requires_grad && !info.consumers.empty()) {
-      // Written first by the backward of the last consumer, read last by the
-      // producer's backward.
-      const int last_consumer = info.consumers.back();
-      intervals.push_back(
-          {bytes, 2 * n - 1 - last_consumer, 2 * n - 1 - p, &info.grad_offset});
+  }
+  // Gradients. Each is written first by the backward of its value's last
+  // consumer and read last by its producer's backward. A residual add's
+  // input gradient may be the add's output gradient buffer itself: the add's
+  // backward then copies nothing. Groups of values sharing one buffer (a whole
+  // residual stream) get one interval spanning their members'.
+  std::vector<int> group(values_.size());
+  for (size_t v = 0; v < values_.size(); ++v) group[v] = static_cast<int>(v);
+  auto root = [&](int v) {
+    while (group[v] != v) v = group[v] = group[group[v]];
+    return v;
+  };
+  auto has_grad = [&](const ValueInfo& info) {
+    return info.kind == ValueKind::kActivation && info.requires_grad &&
+           !info.consumers.empty();
+  };
+  grad_shares_output_.assign(n, 0);
+  for (int a = 0; a < n; ++a) {
+    const Node& node = *nodes_[a];
+    if (!PassesGradientThrough(node) || node.inputs.size() != 2) continue;
+    const ValueInfo& out = values_[node.outputs[0].id];
+    const Value in0 = node.inputs[0], in1 = node.inputs[1];
+    if (!has_grad(out) || in0.id == in1.id) continue;
+    // The add must write the input's gradient first (it is the input's last
+    // consumer); everything else only adds to it later.
+    auto first_writer = [&](const Value& v) {
+      const ValueInfo& info = values_[v.id];
+      return has_grad(info) && info.consumers.back() == a &&
+             info.shape == out.shape && info.dtype == out.dtype;
+    };
+    int first = first_writer(in0) ? 0 : first_writer(in1) ? 1 : -1;
+    if (first < 0) continue;
+    const Value shared = node.inputs[first], other = node.inputs[1 - first];
+    grad_shares_output_[a] |= 1u << first;
+    group[root(shared.id)] = root(node.outputs[0].id);
+    // The other input too, when its producer reads its gradient before
+    // anything else writes the buffer: the add is its only consumer, and its
+    // producer comes after the first input's producer and every other
+    // consumer of it.
+    const ValueInfo& s = values_[shared.id];
+    const ValueInfo& o = values_[other.id];
+    bool other_too = first_writer(other) && o.consumers.size() == 1 &&
+                     o.producer > s.producer;
+    for (int c : s.consumers)
+      other_too = other_too && (c == a || c < o.producer);
+    if (other_too) {
+      grad_shares_output_[a] |= 1u << (1 - first);
+      group[root(other.id)] = root(node.outputs[0].id);
+    }
+  }
+  struct Span {
+    int64_t bytes = 0, birth = 0, death = -1;
+  };
+  std::vector<Span> spans(values_.size());
+  for (size_t v = 0; v < values_.size(); ++v) {
+    const ValueInfo& info = values_[v];
+    if (!has_grad(info)) continue;
+    Span& span = spans[root(static_cast<int>(v))];
+    const int64_t birth = 2 * n - 1 - info.consumers.back();
+    const int64_t death = 2 * n - 1 - info.producer;
+    if (span.death < 0) {
+      span = {bytes_of(info.shape, info.dtype), birth, death};
+    } else {
+      span.birth = std::min(span.birth, birth);
+      span.death = std::max(span.death, death);
+    }
+  }
+  for (size_t v = 0; v < values_.size(); ++v) {
+    if (spans[v].death >= 0) {
+      intervals.push_back({spans[v].bytes, spans[v].birth, spans[v].death,
+                           &values_[v].grad_offset});
     }
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -492,6 +561,10 @@ void Graph::PlanMemory() {
     }
   }
   arena_bytes_ = PlaceIntervals(intervals);
+  for (size_t v = 0; v < values_.size(); ++v) {
+    if (has_grad(values_[v]))
+      values_[v].grad_offset = values_[root(static_cast<int>(v))].grad_offset;
+  }
 }
 
 absl::Status Graph::Compile(Context& context) {

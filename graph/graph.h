@@ -103,6 +103,10 @@ class NodeRun {
   // another node has already written in this backward pass).
   const Tensor* input_grad(int i);
   bool accumulate(int i) const;
+  // Whether input i's gradient is the output's gradient buffer itself (a
+  // residual add's pass-through, see Graph::PlanMemory): the node leaves it
+  // as it is.
+  bool grad_shares_output(int i) const;
   Tensor output_grad(int i) const;
   // f32 [] on the device: the gradient of the loss (1 / micro-batches).
   Tensor loss_scale() const;
@@ -268,6 +272,8 @@ class Graph {
   void* cuda_graph_exec_ = nullptr;  // cudaGraphExec_t
   // Backward bookkeeping: which activation gradients have been written.
   std::vector<bool> grad_written_;
+  // Per node, a bit per input whose gradient shares the output's buffer.
+  std::vector<uint32_t> grad_shares_output_;
 };
 
 }  // namespace graph

@@ -224,7 +224,8 @@ class AddNode final : public Node {
     const Tensor dy = run.output_grad(0);
     for (int i = 0; i < 2; ++i) {
       const Tensor* dx = run.input_grad(i);
-      if (dx == nullptr) continue;
+      // A gradient in the output's own buffer already holds dy.
+      if (dx == nullptr || run.grad_shares_output(i)) continue;
       RETURN_IF_ERROR(
           ops::AccumulateInto(run.context(), dy, *dx, run.accumulate(i)));
     }
@@ -378,6 +379,10 @@ std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
 
 bool BackwardReadsOutput(const Node& node) {
   return std::strcmp(node.type(), "CausalAttention") == 0;
+}
+
+bool PassesGradientThrough(const Node& node) {
+  return std::strcmp(node.type(), "Add") == 0;
 }
 
 }  // namespace graph

@@ -39,6 +39,9 @@ std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
 
 // Whether a node's backward reads its own output (the plan keeps it alive).
 bool BackwardReadsOutput(const Node& node);
+// Whether the node's input gradients equal its output gradient (an add), so
+// that the plan may give an input's gradient the output's buffer.
+bool PassesGradientThrough(const Node& node);
 
 }  // namespace graph
 }  // namespace lossrt
