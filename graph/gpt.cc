@@ -105,11 +105,13 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
     if (bias) beta = model->Param(name + ".bias", {width}, false);
     return g.LayerNorm(x, gamma, beta, config.norm_eps);
   };
-  auto linear = [&](Value x, const std::string& name, int64_t out, int64_t in) {
+  // residual: a value added to the output in the GEMM's epilogue.
+  auto linear = [&](Value x, const std::string& name, int64_t out, int64_t in,
+                    std::optional<Value> residual = std::nullopt) {
     const Value weight = model->Param(name + ".weight", {out, in}, true);
     std::optional<Value> b;
     if (bias) b = model->Param(name + ".bias", {out}, false);
-    return g.Linear(x, weight, b);
+    return g.Linear(x, weight, b, residual);
   };
 
   Value x = g.Embedding(model->ids_, wte, wpe, shape.seq);
@@ -120,7 +122,8 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
         linear(norm(x, p + "ln_1"), p + "attn.c_attn", 3 * width, width);
     const Value attended =
         g.CausalAttention(qkv, shape.batch, shape.seq, config.heads);
-    x = g.Add(x, linear(attended, p + "attn.c_proj", width, width));
+    // The residual connections are added by the projections' GEMMs.
+    x = linear(attended, p + "attn.c_proj", width, width, x);
     const Value normed = norm(x, p + "ln_2");
     if (config.mlp == MlpKind::kGelu) {
       // One node, the GELU in the GEMMs' epilogues; the parameters in the
@@ -132,11 +135,11 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
       const Value w2 =
           model->Param(p + "mlp.c_proj.weight", {width, hidden}, true);
       if (bias) b2 = model->Param(p + "mlp.c_proj.bias", {width}, false);
-      x = g.Add(x, g.GeluMlp(normed, w1, b1, w2, b2));
+      x = g.GeluMlp(normed, w1, b1, w2, b2, x);
     } else {
       const Value inner =
           g.SwiGlu(linear(normed, p + "mlp.c_fc", 2 * hidden, width));
-      x = g.Add(x, linear(inner, p + "mlp.c_proj", width, hidden));
+      x = linear(inner, p + "mlp.c_proj", width, hidden, x);
     }
   }
   const Value final_hidden = norm(x, "transformer.ln_f");

@@ -105,9 +105,16 @@ const Tensor* NodeRun::input_grad(int i) {
 }
 
 bool NodeRun::accumulate(int i) const {
-  const Value value = graph_.nodes_[node_]->inputs[i];
-  const ValueInfo& info = graph_.values_[value.id];
-  return info.kind == ValueKind::kParameter || graph_.grad_written_[value.id];
+  const std::vector<Value>& inputs = graph_.nodes_[node_]->inputs;
+  const ValueInfo& info = graph_.values_[inputs[i].id];
+  if (info.kind == ValueKind::kParameter || graph_.grad_written_[inputs[i].id])
+    return true;
+  // The same value in an earlier slot of this node: written just before
+  // (nodes write their input gradients in input order).
+  for (int j = 0; j < i; ++j) {
+    if (inputs[j].id == inputs[i].id) return true;
+  }
+  return false;
 }
 
 bool NodeRun::grad_shares_output(int i) const {
@@ -249,7 +256,18 @@ Value Graph::Embedding(Value ids, Value token_table,
                  activation_dtype_);
 }
 
-Value Graph::Linear(Value x, Value weight, std::optional<Value> bias) {
+bool Graph::CheckResidual(const std::optional<Value>& residual,
+                          const Shape& shape, const char* what) {
+  if (!residual) return true;
+  if (!CheckValue(*residual, what)) return false;
+  const ValueInfo& info = values_[residual->id];
+  return Require(
+      info.shape == shape && info.kind == ValueKind::kActivation,
+      absl::StrCat(what, ": an activation of shape ", ShapeText(shape),
+                   ", got ", ShapeText(info.shape)));
+}
+Value Graph::Linear(Value x, Value weight, std::optional<Value> bias,
+                    std::optional<Value> residual) {
   if (!CheckValue(x, "Linear x") || !CheckValue(weight, "Linear weight") ||
       (bias && !CheckValue(*bias, "Linear bias"))) {
     return Value{};
@@ -265,9 +283,14 @@ Value Graph::Linear(Value x, Value weight, std::optional<Value> bias) {
                                      " for ", ws[0], " outputs")))) {
     return Value{};
   }
-  auto node = MakeLinearNode(bias.has_value(), xs[0], ws[0]);
+  if (!CheckResidual(residual, {xs[0], ws[0]}, "Linear residual")) {
+    return Value{};
+  }
+  auto node =
+      MakeLinearNode(bias.has_value(), residual.has_value(), xs[0], ws[0]);
   node->inputs = {x, weight};
   if (bias) node->inputs.push_back(*bias);
+  if (residual) node->inputs.push_back(*residual);
   return AddNode(std::move(node), "linear", {xs[0], ws[0]}, activation_dtype_);
 }
 
@@ -317,7 +340,7 @@ Value Graph::Gelu(Value x) {
 }
 
 Value Graph::GeluMlp(Value x, Value w1, std::optional<Value> b1, Value w2,
-                     std::optional<Value> b2) {
+                     std::optional<Value> b2, std::optional<Value> residual) {
   if (!CheckValue(x, "GeluMlp x") || !CheckValue(w1, "GeluMlp w1") ||
       !CheckValue(w2, "GeluMlp w2") || (b1 && !CheckValue(*b1, "GeluMlp b1")) ||
       (b2 && !CheckValue(*b2, "GeluMlp b2"))) {
@@ -338,11 +361,16 @@ Value Graph::GeluMlp(Value x, Value w1, std::optional<Value> b1, Value w2,
                       "GeluMlp: a bias does not match its weight"))) {
     return Value{};
   }
-  auto node = MakeGeluMlpNode(b1.has_value(), xs[0], w1s[0], w2s[0]);
+  if (!CheckResidual(residual, {xs[0], w2s[0]}, "GeluMlp residual")) {
+    return Value{};
+  }
+  auto node = MakeGeluMlpNode(b1.has_value(), residual.has_value(), xs[0],
+                              w1s[0], w2s[0]);
   node->inputs = {x, w1};
   if (b1) node->inputs.push_back(*b1);
   node->inputs.push_back(w2);
   if (b2) node->inputs.push_back(*b2);
+  if (residual) node->inputs.push_back(*residual);
   node->aux = {AuxSpec{{xs[0], w1s[0]}, activation_dtype_},
                AuxSpec{{xs[0], w1s[0]}, activation_dtype_}};
   return AddNode(std::move(node), "gelu_mlp", {xs[0], w2s[0]},
@@ -483,10 +511,11 @@ void Graph::PlanMemory() {
     intervals.push_back({bytes, p, death, &info.data_offset});
   }
   // Gradients. Each is written first by the backward of its value's last
-  // consumer and read last by its producer's backward. A residual add's
-  // input gradient may be the add's output gradient buffer itself: the add's
-  // backward then copies nothing. Groups of values sharing one buffer (a whole
-  // residual stream) get one interval spanning their members'.
+  // consumer and read last by its producer's backward. A pass-through input's
+  // gradient (Node::PassThroughInputs: an add's operand, a residual added in
+  // a GEMM's epilogue) may be the node's output gradient buffer itself: the
+  // node's backward then copies nothing. Groups of values sharing one buffer
+  // (a whole residual stream) get one interval spanning their members'.
   std::vector<int> group(values_.size());
   for (size_t v = 0; v < values_.size(); ++v) group[v] = static_cast<int>(v);
   auto root = [&](int v) {
@@ -500,35 +529,53 @@ void Graph::PlanMemory() {
   grad_shares_output_.assign(n, 0);
   for (int a = 0; a < n; ++a) {
     const Node& node = *nodes_[a];
-    if (!PassesGradientThrough(node) || node.inputs.size() != 2) continue;
+    const uint32_t through = node.PassThroughInputs();
     const ValueInfo& out = values_[node.outputs[0].id];
-    const Value in0 = node.inputs[0], in1 = node.inputs[1];
-    if (!has_grad(out) || in0.id == in1.id) continue;
-    // The add must write the input's gradient first (it is the input's last
+    if (through == 0 || !has_grad(out)) continue;
+    // Inputs that may share: pass-through, and not also another input of the
+    // node (whose gradient the node would then write into dy's buffer).
+    std::vector<int> candidates;
+    for (int i = 0; i < static_cast<int>(node.inputs.size()); ++i) {
+      int uses = 0;
+      for (const Value& v : node.inputs) uses += v.id == node.inputs[i].id;
+      if ((through >> i & 1u) && uses == 1) candidates.push_back(i);
+    }
+    // The node must write the input's gradient first (it is the input's last
     // consumer); everything else only adds to it later.
     auto first_writer = [&](const Value& v) {
       const ValueInfo& info = values_[v.id];
       return has_grad(info) && info.consumers.back() == a &&
              info.shape == out.shape && info.dtype == out.dtype;
     };
-    int first = first_writer(in0) ? 0 : first_writer(in1) ? 1 : -1;
+    int first = -1;
+    for (int i : candidates) {
+      if (first_writer(node.inputs[i])) {
+        first = i;
+        break;
+      }
+    }
     if (first < 0) continue;
-    const Value shared = node.inputs[first], other = node.inputs[1 - first];
+    const Value shared = node.inputs[first];
     grad_shares_output_[a] |= 1u << first;
     group[root(shared.id)] = root(node.outputs[0].id);
-    // The other input too, when its producer reads its gradient before
-    // anything else writes the buffer: the add is its only consumer, and its
-    // producer comes after the first input's producer and every other
-    // consumer of it.
+    // One more input (an add's other operand) too, when its producer reads
+    // its gradient before anything else writes the buffer: the node is its
+    // only consumer, and its producer comes after the first input's producer
+    // and every other consumer of it.
     const ValueInfo& s = values_[shared.id];
-    const ValueInfo& o = values_[other.id];
-    bool other_too = first_writer(other) && o.consumers.size() == 1 &&
-                     o.producer > s.producer;
-    for (int c : s.consumers)
-      other_too = other_too && (c == a || c < o.producer);
-    if (other_too) {
-      grad_shares_output_[a] |= 1u << (1 - first);
-      group[root(other.id)] = root(node.outputs[0].id);
+    for (int i : candidates) {
+      if (i == first) continue;
+      const Value other = node.inputs[i];
+      const ValueInfo& o = values_[other.id];
+      bool other_too = first_writer(other) && o.consumers.size() == 1 &&
+                       o.producer > s.producer;
+      for (int c : s.consumers)
+        other_too = other_too && (c == a || c < o.producer);
+      if (other_too) {
+        grad_shares_output_[a] |= 1u << i;
+        group[root(other.id)] = root(node.outputs[0].id);
+        break;
+      }
     }
   }
   struct Span {

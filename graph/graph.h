@@ -99,13 +99,15 @@ class NodeRun {
   Tensor output(int i) const;
   Tensor aux(int i) const;
   // The gradient of input i (null when it needs none) and whether the node
-  // must add to it (true for parameters and for activations whose gradient
-  // another node has already written in this backward pass).
+  // must add to it (true for parameters, for activations whose gradient
+  // another node has already written in this backward pass, and for a value
+  // the node also takes in an earlier slot: nodes write their input
+  // gradients in input order).
   const Tensor* input_grad(int i);
   bool accumulate(int i) const;
   // Whether input i's gradient is the output's gradient buffer itself (a
-  // residual add's pass-through, see Graph::PlanMemory): the node leaves it
-  // as it is.
+  // pass-through input, Node::PassThroughInputs, that Graph::PlanMemory gave
+  // the buffer): the node leaves it as it is.
   bool grad_shares_output(int i) const;
   Tensor output_grad(int i) const;
   // f32 [] on the device: the gradient of the loss (1 / micro-batches).
@@ -127,6 +129,10 @@ class Node {
   virtual int64_t WorkspaceBytes(const Device& device) const { return 0; }
   virtual absl::Status Forward(NodeRun& run, bool training) = 0;
   virtual absl::Status Backward(NodeRun& run) = 0;
+  // A bit per input whose gradient is the output's gradient unchanged (an
+  // add's operands, a residual added in a GEMM's epilogue): the memory plan
+  // may give that input's gradient the output gradient's buffer.
+  virtual uint32_t PassThroughInputs() const { return 0; }
 
   std::vector<Value> inputs;
   std::vector<Value> outputs;
@@ -164,16 +170,20 @@ class Graph {
   // out [rows, C] = token_table[ids] (+ positions[r % seq]).
   Value Embedding(Value ids, Value token_table,
                   std::optional<Value> position_table, int64_t seq);
-  // y [rows, out] = x w^T (+ b).
-  Value Linear(Value x, Value weight, std::optional<Value> bias);
+  // y [rows, out] = x w^T (+ b) (+ residual [rows, out], added in the GEMM's
+  // epilogue on a GPU).
+  Value Linear(Value x, Value weight, std::optional<Value> bias,
+               std::optional<Value> residual = std::nullopt);
   Value LayerNorm(Value x, Value gamma, std::optional<Value> beta, float eps);
   Value RmsNorm(Value x, Value gamma, float eps);
   Value Gelu(Value x);
   // The GELU MLP as one node: y [rows, out] = gelu(x w1^T + b1) w2^T + b2, with
   // w1 [hidden, in], w2 [out, hidden]; the GELU runs in the GEMMs' epilogues.
-  // The biases come both or neither.
+  // The biases come both or neither. A residual [rows, out] is added in the
+  // second GEMM's epilogue.
   Value GeluMlp(Value x, Value w1, std::optional<Value> b1, Value w2,
-                std::optional<Value> b2);
+                std::optional<Value> b2,
+                std::optional<Value> residual = std::nullopt);
   // x [rows, 2F] = [gate | up] -> [rows, F].
   Value SwiGlu(Value x);
   Value Add(Value a, Value b);
@@ -253,6 +263,9 @@ class Graph {
                 DType dtype);
   bool Require(bool condition, const std::string& message);
   bool CheckValue(Value value, const char* what);
+  // True when there is no residual, or it is a valid activation of `shape`.
+  bool CheckResidual(const std::optional<Value>& residual, const Shape& shape,
+                     const char* what);
   Tensor ArenaTensor(int64_t offset, const Shape& shape, DType dtype) const;
   void PlanMemory();
 

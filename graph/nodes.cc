@@ -24,6 +24,16 @@ absl::Status NeedsGrad(const char* node, const Tensor* grad) {
       absl::StrCat(node, ": the backward needs the gradient of its input"));
 }
 
+// Input i's gradient when it is the output's gradient unchanged (a residual
+// operand): dy written or added to it, or nothing when the memory plan made it
+// dy's own buffer.
+absl::Status PassGradientThrough(NodeRun& run, int i) {
+  const Tensor* dx = run.input_grad(i);
+  if (dx == nullptr || run.grad_shares_output(i)) return absl::OkStatus();
+  return ops::AccumulateInto(run.context(), run.output_grad(0), *dx,
+                             run.accumulate(i));
+}
+
 class EmbeddingNode final : public Node {
  public:
   EmbeddingNode(int64_t seq, bool with_positions)
@@ -53,30 +63,45 @@ class EmbeddingNode final : public Node {
 
 class LinearNode final : public Node {
  public:
-  LinearNode(bool with_bias, int64_t rows, int64_t out)
-      : with_bias_(with_bias), rows_(rows), out_(out) {}
+  LinearNode(bool with_bias, bool with_residual, int64_t rows, int64_t out)
+      : with_bias_(with_bias),
+        with_residual_(with_residual),
+        rows_(rows),
+        out_(out) {}
   const char* type() const override { return "Linear"; }
   int64_t WorkspaceBytes(const Device& device) const override {
     return with_bias_ ? ops::LinearBackwardWorkspaceBytes(device, rows_, out_)
                       : 0;
   }
-  // inputs: x, weight[, bias]
+  uint32_t PassThroughInputs() const override {
+    return with_residual_ ? 1u << Residual() : 0u;
+  }
+  // inputs: x, weight[, bias][, residual]
   absl::Status Forward(NodeRun& run, bool) override {
     const Tensor bias = with_bias_ ? run.input(2) : Tensor();
-    return ops::LinearForward(run.context(), run.input(0), run.input(1),
-                              with_bias_ ? &bias : nullptr, run.output(0));
+    const Tensor* b = with_bias_ ? &bias : nullptr;
+    if (with_residual_) {
+      return ops::LinearResidualForward(run.context(), run.input(0),
+                                        run.input(1), b, run.input(Residual()),
+                                        run.output(0));
+    }
+    return ops::LinearForward(run.context(), run.input(0), run.input(1), b,
+                              run.output(0));
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* d_weight = run.input_grad(1);
     RETURN_IF_ERROR(NeedsGrad("Linear", d_weight));
-    return ops::LinearBackward(run.context(), run.input(0), run.input(1),
-                               run.output_grad(0), run.input_grad(0),
-                               run.accumulate(0), *d_weight,
-                               with_bias_ ? run.input_grad(2) : nullptr);
+    RETURN_IF_ERROR(ops::LinearBackward(
+        run.context(), run.input(0), run.input(1), run.output_grad(0),
+        run.input_grad(0), run.accumulate(0), *d_weight,
+        with_bias_ ? run.input_grad(2) : nullptr));
+    return with_residual_ ? PassGradientThrough(run, Residual())
+                          : absl::OkStatus();
   }
 
  private:
-  bool with_bias_;
+  int Residual() const { return with_bias_ ? 3 : 2; }
+  bool with_bias_, with_residual_;
   int64_t rows_, out_;
 };
 
@@ -170,22 +195,35 @@ class ActivationNode final : public Node {
 // activations for it either way.
 class GeluMlpNode final : public Node {
  public:
-  GeluMlpNode(bool with_bias, int64_t rows, int64_t hidden, int64_t out)
-      : with_bias_(with_bias), rows_(rows), hidden_(hidden), out_(out) {}
+  GeluMlpNode(bool with_bias, bool with_residual, int64_t rows, int64_t hidden,
+              int64_t out)
+      : with_bias_(with_bias),
+        with_residual_(with_residual),
+        rows_(rows),
+        hidden_(hidden),
+        out_(out) {}
   const char* type() const override { return "GeluMlp"; }
+  uint32_t PassThroughInputs() const override {
+    return with_residual_ ? 1u << Residual() : 0u;
+  }
   int64_t WorkspaceBytes(const Device& device) const override {
     if (!with_bias_) return 0;
     return std::max(ops::LinearBackwardWorkspaceBytes(device, rows_, hidden_),
                     ops::LinearBackwardWorkspaceBytes(device, rows_, out_));
   }
-  // inputs: x, w1[, b1], w2[, b2]; aux: h = x w1^T + b1 and a = gelu(h), both
-  // [rows, hidden].
+  // inputs: x, w1[, b1], w2[, b2][, residual]; aux: h = x w1^T + b1 and
+  // a = gelu(h), both [rows, hidden].
   absl::Status Forward(NodeRun& run, bool) override {
     const Tensor b1 = with_bias_ ? run.input(2) : Tensor();
     const Tensor b2 = with_bias_ ? run.input(4) : Tensor();
     RETURN_IF_ERROR(ops::LinearGeluForward(
         run.context(), run.input(0), run.input(1), with_bias_ ? &b1 : nullptr,
         run.aux(1), run.aux(0)));
+    if (with_residual_) {
+      return ops::LinearResidualForward(
+          run.context(), run.aux(1), run.input(W2()),
+          with_bias_ ? &b2 : nullptr, run.input(Residual()), run.output(0));
+    }
     return ops::LinearForward(run.context(), run.aux(1), run.input(W2()),
                               with_bias_ ? &b2 : nullptr, run.output(0));
   }
@@ -203,33 +241,30 @@ class GeluMlpNode final : public Node {
         with_bias_ ? run.input_grad(W2() + 1) : nullptr));
     RETURN_IF_ERROR(ops::LinearGeluBackwardInput(run.context(), run.input(W2()),
                                                  dy, run.aux(0), a));
-    return ops::LinearBackward(run.context(), run.input(0), run.input(1), a,
-                               run.input_grad(0), run.accumulate(0), *d_w1,
-                               with_bias_ ? run.input_grad(2) : nullptr);
+    RETURN_IF_ERROR(ops::LinearBackward(
+        run.context(), run.input(0), run.input(1), a, run.input_grad(0),
+        run.accumulate(0), *d_w1, with_bias_ ? run.input_grad(2) : nullptr));
+    return with_residual_ ? PassGradientThrough(run, Residual())
+                          : absl::OkStatus();
   }
 
  private:
   int W2() const { return with_bias_ ? 3 : 2; }
-  bool with_bias_;
+  int Residual() const { return with_bias_ ? 5 : 3; }
+  bool with_bias_, with_residual_;
   int64_t rows_, hidden_, out_;
 };
 
 class AddNode final : public Node {
  public:
   const char* type() const override { return "Add"; }
+  uint32_t PassThroughInputs() const override { return 0b11u; }
   absl::Status Forward(NodeRun& run, bool) override {
     return ops::Add(run.context(), run.input(0), run.input(1), run.output(0));
   }
   absl::Status Backward(NodeRun& run) override {
-    const Tensor dy = run.output_grad(0);
-    for (int i = 0; i < 2; ++i) {
-      const Tensor* dx = run.input_grad(i);
-      // A gradient in the output's own buffer already holds dy.
-      if (dx == nullptr || run.grad_shares_output(i)) continue;
-      RETURN_IF_ERROR(
-          ops::AccumulateInto(run.context(), dy, *dx, run.accumulate(i)));
-    }
-    return absl::OkStatus();
+    RETURN_IF_ERROR(PassGradientThrough(run, 0));
+    return PassGradientThrough(run, 1);
   }
 };
 
@@ -341,9 +376,9 @@ class CrossEntropyNode final : public Node {
 std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions) {
   return std::make_unique<EmbeddingNode>(seq, with_positions);
 }
-std::unique_ptr<Node> MakeLinearNode(bool with_bias, int64_t rows,
-                                     int64_t out) {
-  return std::make_unique<LinearNode>(with_bias, rows, out);
+std::unique_ptr<Node> MakeLinearNode(bool with_bias, bool with_residual,
+                                     int64_t rows, int64_t out) {
+  return std::make_unique<LinearNode>(with_bias, with_residual, rows, out);
 }
 std::unique_ptr<Node> MakeLayerNormNode(float eps, bool with_beta, int64_t rows,
                                         int64_t cols) {
@@ -358,9 +393,11 @@ std::unique_ptr<Node> MakeGeluNode() {
 std::unique_ptr<Node> MakeSwiGluNode() {
   return std::make_unique<ActivationNode>(true);
 }
-std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, int64_t rows,
-                                      int64_t hidden, int64_t out) {
-  return std::make_unique<GeluMlpNode>(with_bias, rows, hidden, out);
+std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, bool with_residual,
+                                      int64_t rows, int64_t hidden,
+                                      int64_t out) {
+  return std::make_unique<GeluMlpNode>(with_bias, with_residual, rows, hidden,
+                                       out);
 }
 std::unique_ptr<Node> MakeAddNode() { return std::make_unique<AddNode>(); }
 std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
@@ -379,10 +416,6 @@ std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
 
 bool BackwardReadsOutput(const Node& node) {
   return std::strcmp(node.type(), "CausalAttention") == 0;
-}
-
-bool PassesGradientThrough(const Node& node) {
-  return std::strcmp(node.type(), "Add") == 0;
 }
 
 }  // namespace graph

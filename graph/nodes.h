@@ -14,16 +14,19 @@ namespace lossrt {
 namespace graph {
 
 std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions);
-// x [rows, in] -> [rows, out].
-std::unique_ptr<Node> MakeLinearNode(bool with_bias, int64_t rows, int64_t out);
+// x [rows, in] -> [rows, out]; inputs x, weight[, bias][, residual].
+std::unique_ptr<Node> MakeLinearNode(bool with_bias, bool with_residual,
+                                     int64_t rows, int64_t out);
 // aux: [mean,] rstd, [rows] in the accumulator dtype.
 std::unique_ptr<Node> MakeLayerNormNode(float eps, bool with_beta, int64_t rows,
                                         int64_t cols);
 std::unique_ptr<Node> MakeRmsNormNode(float eps, int64_t rows, int64_t cols);
 std::unique_ptr<Node> MakeGeluNode();
 std::unique_ptr<Node> MakeSwiGluNode();
-std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, int64_t rows,
-                                      int64_t hidden, int64_t out);
+// inputs x, w1[, b1], w2[, b2][, residual].
+std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, bool with_residual,
+                                      int64_t rows, int64_t hidden,
+                                      int64_t out);
 std::unique_ptr<Node> MakeAddNode();
 // aux: lse [batch, heads, seq].
 std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
@@ -39,9 +42,6 @@ std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
 
 // Whether a node's backward reads its own output (the plan keeps it alive).
 bool BackwardReadsOutput(const Node& node);
-// Whether the node's input gradients equal its output gradient (an add), so
-// that the plan may give an input's gradient the output's buffer.
-bool PassesGradientThrough(const Node& node);
 
 }  // namespace graph
 }  // namespace lossrt

@@ -55,8 +55,9 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
   }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
       handle_, entry->desc, &call.alpha, call.a.data, entry->a, call.b.data,
-      entry->b, &call.beta, call.d, entry->d, call.d, entry->d, &entry->algo,
-      workspace_, static_cast<size_t>(workspace_bytes_), stream));
+      entry->b, &call.beta, call.c != nullptr ? call.c : call.d, entry->d,
+      call.d, entry->d, &entry->algo, workspace_,
+      static_cast<size_t>(workspace_bytes_), stream));
   return absl::OkStatus();
 }
 
@@ -85,7 +86,8 @@ GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
           c.bias_gradient != nullptr ? AlignmentOf(c.bias_gradient) : 0,
           static_cast<int64_t>(c.epilogue),
           c.epilogue != GemmEpilogue::kNone ? AlignmentOf(c.aux) : 0,
-          c.ld_aux};
+          c.ld_aux,
+          c.c != nullptr ? AlignmentOf(c.c) : 0};
 }
 
 absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
@@ -186,7 +188,8 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
         preference, attribute, &alignment, sizeof(alignment)));
   }
-  const uint32_t alignment_c = static_cast<uint32_t>(AlignmentOf(call.d));
+  const uint32_t alignment_c =
+      static_cast<uint32_t>(AlignmentOf(call.c != nullptr ? call.c : call.d));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignment_c,
       sizeof(alignment_c)));

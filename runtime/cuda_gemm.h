@@ -1,5 +1,6 @@
 // GEMMs through cuBLASLt with cached plans: GemmCall describes one
-// column-major D = alpha op(A) op(B) + beta D (+ bias), GemmRunner keeps the
+// column-major D = alpha op(A) op(B) + beta C (+ bias), C being D itself
+// unless the call names another matrix, GemmRunner keeps the
 // descriptors and the heuristic's algorithm per distinct call shape, so a shape
 // seen before costs one cublasLtMatmul. Internal to the libraries: include only
 // from code built with the CUDA toolkit. A Context owns one runner for its
@@ -45,8 +46,9 @@ struct GemmOperand {
 // gradient through a GELU whose input `aux` the forward saved.
 enum class GemmEpilogue { kNone, kGeluAux, kDGelu };
 
-// D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * D (+ bias[m] broadcast
-// over columns).
+// D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C (+ bias[m] broadcast
+// over columns), where C is `c` when set (D's type and layout: a residual
+// added in the epilogue) and D itself otherwise.
 struct GemmCall {
   GemmOperand a;
   GemmOperand b;
@@ -57,6 +59,7 @@ struct GemmCall {
   int64_t ld_d = 0;
   float alpha = 1.0f;
   float beta = 0.0f;
+  const void* c = nullptr;     // [m, n], ld_d; nullptr: D
   const void* bias = nullptr;  // [m], D's type
   // [n] fp32, written (not added to) with the sums of op(B) over k, in the
   // GEMM's epilogue (cuBLASLt's BGRADB): the bias gradient of a linear layer
@@ -87,7 +90,7 @@ class GemmRunner {
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
  private:
-  using Key = std::array<int64_t, 25>;
+  using Key = std::array<int64_t, 26>;
   struct Entry {
     Key key;
     cublasLtMatmulDesc_t desc = nullptr;

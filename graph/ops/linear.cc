@@ -51,11 +51,17 @@ absl::StatusOr<Sizes> CheckOperands(const Context& context, const Tensor& x,
 
 template <typename T>
 void ForwardCpu(const Sizes& s, const Tensor& x, const Tensor& weight,
-                const Tensor* bias, const Tensor& y) {
+                const Tensor* bias, const Tensor* residual, const Tensor& y) {
   Eigen::Map<const Matrix<T>> x_m(x.data_as<T>(), s.rows, s.in);
   Eigen::Map<const Matrix<T>> w_m(weight.data_as<T>(), s.out, s.in);
   Eigen::Map<Matrix<T>> y_m(y.data_as<T>(), s.rows, s.out);
-  y_m.noalias() = x_m * w_m.transpose();
+  if (residual != nullptr) {
+    // The product goes to a temporary first: y may be the residual.
+    Eigen::Map<const Matrix<T>> r_m(residual->data_as<T>(), s.rows, s.out);
+    y_m = r_m + x_m * w_m.transpose();
+  } else {
+    y_m.noalias() = x_m * w_m.transpose();
+  }
   if (bias != nullptr) {
     Eigen::Map<const Vector<T>> b_v(bias->data_as<T>(), s.out);
     y_m.rowwise() += b_v;
@@ -176,6 +182,49 @@ absl::Status InputGradient(Context& context, const Sizes& s,
 #endif
 }
 
+// y = x weight^T (+ bias) (+ residual), the residual in the GEMM's epilogue
+// on a GPU.
+absl::Status Forward(Context& context, const Tensor& x, const Tensor& weight,
+                     const Tensor* bias, const Tensor* residual,
+                     const Tensor& y) {
+  ASSIGN_OR_RETURN(const Sizes s, CheckOperands(context, x, weight, bias));
+  RETURN_IF_ERROR(
+      CheckTensor(context, y, {s.rows, s.out}, {x.dtype}, "linear y"));
+  if (residual != nullptr) {
+    RETURN_IF_ERROR(CheckTensor(context, *residual, {s.rows, s.out}, {x.dtype},
+                                "linear residual"));
+    RETURN_IF_ERROR(CheckDisjoint(
+        {&y, "linear y"}, {{&x, "x"}, {&weight, "weight"}, {bias, "bias"}}));
+    if (y.data != residual->data) {
+      RETURN_IF_ERROR(
+          CheckDisjoint({&y, "linear y"}, {{residual, "residual"}}));
+    }
+  }
+  if (s.rows == 0 || s.out == 0) return absl::OkStatus();
+  if (context.device().is_cpu()) {
+    if (x.dtype == DType::kF64) {
+      ForwardCpu<double>(s, x, weight, bias, residual, y);
+    } else {
+      ForwardCpu<float>(s, x, weight, bias, residual, y);
+    }
+    return absl::OkStatus();
+  }
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
+  GemmCall call = ForwardCall(s, x, weight, bias, y);
+  if (residual != nullptr) {
+    call.c = residual->data;  // D = W x^T (+ bias) + 1 * residual
+    call.beta = 1.0f;
+  }
+  return gemm->Run(call, stream);
+#else
+  return absl::UnavailableError("linear on a CUDA device: built without CUDA");
+#endif
+}
+
 }  // namespace
 
 int64_t LinearBackwardWorkspaceBytes(const Device& device, int64_t rows,
@@ -192,27 +241,13 @@ int64_t LinearBackwardWorkspaceBytes(const Device& device, int64_t rows,
 absl::Status LinearForward(Context& context, const Tensor& x,
                            const Tensor& weight, const Tensor* bias,
                            const Tensor& y) {
-  ASSIGN_OR_RETURN(const Sizes s, CheckOperands(context, x, weight, bias));
-  RETURN_IF_ERROR(
-      CheckTensor(context, y, {s.rows, s.out}, {x.dtype}, "linear y"));
-  if (s.rows == 0 || s.out == 0) return absl::OkStatus();
-  if (context.device().is_cpu()) {
-    if (x.dtype == DType::kF64) {
-      ForwardCpu<double>(s, x, weight, bias, y);
-    } else {
-      ForwardCpu<float>(s, x, weight, bias, y);
-    }
-    return absl::OkStatus();
-  }
-#ifdef LOSSRT_WITH_CUDA
-  ASSIGN_OR_RETURN(ScopedDevice scoped,
-                   ScopedDevice::Enter(context.device().ordinal));
-  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-  return gemm->Run(ForwardCall(s, x, weight, bias, y), stream);
-#else
-  return absl::UnavailableError("linear on a CUDA device: built without CUDA");
-#endif
+  return Forward(context, x, weight, bias, nullptr, y);
+}
+
+absl::Status LinearResidualForward(Context& context, const Tensor& x,
+                                   const Tensor& weight, const Tensor* bias,
+                                   const Tensor& residual, const Tensor& y) {
+  return Forward(context, x, weight, bias, &residual, y);
 }
 
 absl::Status LinearBackward(Context& context, const Tensor& x,

@@ -28,6 +28,15 @@ absl::Status LinearForward(Context& context, const Tensor& x,
                            const Tensor& weight, const Tensor* bias,
                            const Tensor& y);
 
+// y [rows, out] = x [rows, in] @ weight [out, in]^T (+ bias [out]) +
+// residual [rows, out]: a residual connection, added on a GPU by the GEMM's
+// epilogue (cuBLASLt's C operand) rather than by a pass of its own. y may be
+// residual itself (in place) but must not overlap it otherwise, nor x,
+// weight or bias. The residual's gradient is y's, unchanged.
+absl::Status LinearResidualForward(Context& context, const Tensor& x,
+                                   const Tensor& weight, const Tensor* bias,
+                                   const Tensor& residual, const Tensor& y);
+
 // dx [rows, in] = (or +=) dy @ weight (skipped when dx is null);
 // d_weight [out, in] += dy^T @ x; d_bias [out] += column sums of dy.
 absl::Status LinearBackward(Context& context, const Tensor& x,

@@ -49,16 +49,33 @@ constexpr int kBlockThreads = 256;  // the block path
 constexpr int kBlockWarps = kBlockThreads / kWarpSize;
 
 // kChunk elements at p (16-byte aligned) as floats, in whole 16-byte vectors.
+// kChunk elements of T in 16-byte words.
 template <typename T>
-__device__ __forceinline__ void LoadVec(const T* p, float (&v)[kChunk]) {
-  constexpr int kWords = sizeof(T) * kChunk / 16;
-  uint4 raw[kWords];
+struct RawChunk {
+  static constexpr int kWords = sizeof(T) * kChunk / 16;
+  uint4 words[kWords];
+};
+
+template <typename T>
+__device__ __forceinline__ void LoadRaw(const T* p, RawChunk<T>& raw) {
 #pragma unroll
-  for (int w = 0; w < kWords; ++w)
-    raw[w] = reinterpret_cast<const uint4*>(p)[w];
-  const T* elements = reinterpret_cast<const T*>(raw);
+  for (int w = 0; w < RawChunk<T>::kWords; ++w)
+    raw.words[w] = reinterpret_cast<const uint4*>(p)[w];
+}
+
+template <typename T>
+__device__ __forceinline__ void RawToFloats(const RawChunk<T>& raw,
+                                            float (&v)[kChunk]) {
+  const T* elements = reinterpret_cast<const T*>(raw.words);
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) v[k] = ToFloat(elements[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ void LoadVec(const T* p, float (&v)[kChunk]) {
+  RawChunk<T> raw;
+  LoadRaw(p, raw);
+  RawToFloats(raw, v);
 }
 
 template <typename T>
@@ -219,12 +236,17 @@ __global__ void __launch_bounds__(kBackwardWarps* kWarpSize)
        row < rows; row += static_cast<int64_t>(gridDim.x) * kBackwardWarps) {
     float xhat[kCpl][kChunk];
     float grad[kCpl][kChunk];
+    // The gradient to add to, loaded with x and dy (raw, to save registers)
+    // rather than after the reductions: one memory round trip per row, not
+    // two.
+    RawChunk<T> old_raw[kCpl];
 #pragma unroll
     for (int p = 0; p < kCpl; ++p) {
       const int c = (lane + p * kWarpSize) * kChunk;
       if (c < cols) {
         LoadVec(x + row * cols + c, xhat[p]);
         LoadVec(dy + row * cols + c, grad[p]);
+        if (accumulate_dx) LoadRaw(dx + row * cols + c, old_raw[p]);
       }
     }
     const float mu = kRms ? 0.0f : mean[row];
@@ -259,7 +281,7 @@ __global__ void __launch_bounds__(kBackwardWarps* kWarpSize)
       if (c < cols) {
         T* dx_at = dx + row * cols + c;
         float old[kChunk] = {};
-        if (accumulate_dx) LoadVec(dx_at, old);
+        if (accumulate_dx) RawToFloats(old_raw[p], old);
         float out[kChunk];
 #pragma unroll
         for (int k = 0; k < kChunk; ++k) {

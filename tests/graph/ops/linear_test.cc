@@ -193,6 +193,74 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearGpuTest,
                                            LinearCase{300, 64, 96, false},
                                            LinearCase{1024, 768, 2304, true}));
 
+// LinearResidualForward: y = x w^T (+ b) + residual against double loops, on
+// the CPU in f64 and on a GPU in f32 and bf16 (the residual in the GEMM's
+// epilogue), into a separate y and in place (y is the residual).
+class LinearResidualTest : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(LinearResidualTest, MatchesReference) {
+  const LinearCase c = GetParam();
+  const uint64_t seed = test::TestSeed();
+  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF64}};
+  const std::string gpu_unavailable = test::GpuUnavailableReason();
+  if (gpu_unavailable.empty()) {
+    runs.push_back({Device::Cuda(0), DType::kF32});
+    runs.push_back({Device::Cuda(0), DType::kBF16});
+  } else {
+    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
+  }
+  for (const auto& [device, dtype] : runs) {
+    std::unique_ptr<Context> context = test::MakeContext(device);
+    ASSERT_NE(context, nullptr);
+    Operands v = RandomOperands(c, seed);
+    v.x = test::Rounded(dtype, v.x);
+    v.w = test::Rounded(dtype, v.w);
+    v.b = test::Rounded(dtype, v.b);
+    const std::vector<double> r =
+        test::Rounded(dtype, RandomValues(c.rows * c.out, seed + 7, -4, 4));
+    std::vector<double> want = ReferenceForward(c, v.x, v.w, v.b);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += r[i];
+    ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                         FromHost(*context, dtype, {c.rows, c.in}, v.x));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor w,
+                         FromHost(*context, dtype, {c.out, c.in}, v.w));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor b,
+                         FromHost(*context, dtype, {c.out}, v.b));
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) +
+                   (in_place ? " in place" : " separate"));
+      ASSERT_OK_AND_ASSIGN(OwnedTensor residual,
+                           FromHost(*context, dtype, {c.rows, c.out}, r));
+      ASSERT_OK_AND_ASSIGN(OwnedTensor y_own,
+                           PoisonedTensor(*context, dtype, {c.rows, c.out}));
+      const Tensor& y = in_place ? residual.view : y_own.view;
+      ASSERT_OK(ops::LinearResidualForward(*context, x.view, w.view,
+                                           c.bias ? &b.view : nullptr,
+                                           residual.view, y));
+      ASSERT_OK_AND_ASSIGN(std::vector<double> got, ToHost(*context, y));
+      // f64: rounding only; f32 GEMMs accumulate in fp32; bf16 outputs keep 8
+      // bits.
+      const double tol = dtype == DType::kF64   ? 1e-12
+                         : dtype == DType::kF32 ? 1e-4
+                                                : 2e-2;
+      const double scale = std::sqrt(static_cast<double>(c.in));
+      EXPECT_TRUE(AllClose(got, want, tol * scale, tol));
+      if (!in_place) {
+        // The residual is an input: it is left as it was.
+        ASSERT_OK_AND_ASSIGN(std::vector<double> after,
+                             ToHost(*context, residual.view));
+        EXPECT_EQ(after, r);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearResidualTest,
+                         ::testing::Values(LinearCase{1, 8, 8, true},
+                                           LinearCase{5, 3, 4, true},
+                                           LinearCase{37, 24, 40, false},
+                                           LinearCase{256, 768, 768, true}));
+
 // The GELU MLP's fused ops (LinearGeluForward, LinearGeluBackwardInput)
 // against double references: on the CPU in f64, on a GPU in f32 and bf16 from
 // the same rounded operands. `hidden` not a multiple of 8 takes the composed
@@ -349,6 +417,22 @@ TEST(LinearTest, RejectsBadArguments) {
   null_x.data = nullptr;
   EXPECT_EQ(code(ops::LinearForward(*context, null_x, w.view, nullptr, y.view)),
             absl::StatusCode::kInvalidArgument);
+  // A residual of another shape, or one that overlaps y without being it.
+  ASSERT_OK_AND_ASSIGN(OwnedTensor wide,
+                       PoisonedTensor(*context, DType::kF32, {5, 5}));
+  EXPECT_EQ(code(ops::LinearResidualForward(*context, x.view, w.view, nullptr,
+                                            y_bad.view, y.view)),
+            absl::StatusCode::kInvalidArgument);
+  Tensor shifted = wide.view;
+  shifted.shape = {4, 5};
+  Tensor shifted_y = shifted;
+  shifted_y.data = wide.view.data_as<float>() + 5;
+  EXPECT_EQ(code(ops::LinearResidualForward(*context, x.view, w.view, nullptr,
+                                            shifted, shifted_y)),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(int64_t wide_poisoned,
+                       test::CountPoison(*context, wide.view));
+  EXPECT_EQ(wide_poisoned, wide.view.numel());
   // Nothing was written by the failed calls.
   ASSERT_OK_AND_ASSIGN(int64_t poisoned, test::CountPoison(*context, y.view));
   EXPECT_EQ(poisoned, y.view.numel());
