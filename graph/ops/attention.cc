@@ -51,6 +51,17 @@ struct Dims {
   int64_t groups() const { return batch * heads; }  // (batch, head) pairs
 };
 
+// The flash backward's workspace: delta [batch, heads, seq] f32, then the
+// kernels' scratch (AlignUp keeps it 256-byte aligned).
+int64_t FlashBackwardBytes(const Dims& d) {
+  int64_t bytes = AlignUp(d.groups() * d.seq * 4);
+#ifdef LOSSRT_WITH_CUDA
+  bytes +=
+      attention::FlashBackwardScratchBytes(d.batch, d.seq, d.heads, d.head_dim);
+#endif
+  return bytes;
+}
+
 // The sizes from the arguments and qkv's shape (head_dim = width / 3 heads).
 absl::StatusOr<Dims> CheckDims(const Tensor& qkv, int64_t batch, int64_t seq,
                                int64_t heads) {
@@ -641,8 +652,8 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   if (flash) {
-    ASSIGN_OR_RETURN(void* workspace,
-                     context.Workspace(AlignUp(d.groups() * d.seq * 4)));
+    const int64_t delta_bytes = AlignUp(d.groups() * d.seq * 4);
+    ASSIGN_OR_RETURN(void* workspace, context.Workspace(FlashBackwardBytes(d)));
     float* delta = static_cast<float*>(workspace);  // [batch, heads, seq]
     CUDA_RETURN_IF_ERROR(attention::LaunchDelta(
         out.data, d_out.data,
@@ -658,6 +669,7 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
     args.heads = d.heads;
     args.head_dim = d.head_dim;
     args.accumulate = accumulate;
+    args.scratch = static_cast<unsigned char*>(workspace) + delta_bytes;
     CUDA_RETURN_IF_ERROR(attention::LaunchFlashBackward(args, stream));
     return absl::OkStatus();
   }
@@ -693,9 +705,7 @@ int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
   d.heads = heads;
   d.head_dim = head_dim;
   d.channels = heads * head_dim;
-  if (UseFlash(options, dtype, /*aligned=*/true)) {
-    return AlignUp(d.groups() * d.seq * 4);  // the backward's delta
-  }
+  if (UseFlash(options, dtype, /*aligned=*/true)) return FlashBackwardBytes(d);
   const CublasPlan plan = MakeCublasPlan(d, dtype, options.cublas_chunk_bytes);
   return std::max(plan.forward_bytes, plan.backward_bytes);
 }

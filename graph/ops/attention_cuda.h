@@ -57,7 +57,16 @@ struct FlashArgs {
   int64_t heads = 0;
   int64_t head_dim = 0;
   bool accumulate = false;  // backward: add to d_qkv instead of writing
+  // Backward: FlashBackwardScratchBytes of device memory, 256-byte aligned
+  // (the kernels zero what they need).
+  void* scratch = nullptr;
 };
+
+// Scratch the backward needs: for head dims up to 64, when it comes to at most
+// 256 MiB, dS in bf16 (a 64 x 64 tile per block pair of the causal triangle of
+// every (batch, head)), so that dQ need not recompute it; 0 otherwise.
+int64_t FlashBackwardScratchBytes(int64_t batch, int64_t seq, int64_t heads,
+                                  int64_t head_dim);
 
 // out and lse from qkv.
 cudaError_t LaunchFlashForward(const FlashArgs& args, cudaStream_t stream);

@@ -658,24 +658,59 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionShape{1, 200, 2, 128},    // head_dim 128
                       AttentionShape{2, 1024, 2, 64}));  // GPT-2's heads
 
-// The flash backward has one writer per element: two runs agree bit for bit.
+// The flash backward has one writer per element and sums in a fixed order:
+// runs agree bit for bit (several, as a race would show only now and then).
 TEST(AttentionGpuFlashTest, BackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
-  const AttentionShape s{2, 300, 3, 64};
   const uint64_t seed = TestSeed();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
                        Context::Create(Device::Cuda(0)));
   CausalAttentionOptions options;
   options.kernel = AttentionKernel::kFlash;
-  const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -1.5, 1.5);
-  const std::vector<double> d_out = RandomValues(s.out_size(), seed + 1, -1, 1);
-  ASSERT_OK_AND_ASSIGN(Results first, RunBoth(*gpu, DType::kBF16, s, qkv, d_out,
-                                              false, {}, options));
-  ASSERT_OK_AND_ASSIGN(Results second, RunBoth(*gpu, DType::kBF16, s, qkv,
-                                               d_out, false, {}, options));
-  EXPECT_EQ(first.poisoned, 0);
-  EXPECT_TRUE(first.out == second.out);
-  EXPECT_TRUE(first.d_qkv == second.d_qkv);
+  // A small case, and GPT-2 small's layer at batch 8 (several waves of
+  // blocks, so that blocks wait on others).
+  for (const AttentionShape& s :
+       {AttentionShape{2, 300, 3, 64}, AttentionShape{8, 1024, 12, 64}}) {
+    SCOPED_TRACE(Describe(s));
+    const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -1.5, 1.5);
+    const std::vector<double> d_out =
+        RandomValues(s.out_size(), seed + 1, -1, 1);
+    ASSERT_OK_AND_ASSIGN(Results first, RunBoth(*gpu, DType::kBF16, s, qkv,
+                                                d_out, false, {}, options));
+    EXPECT_EQ(first.poisoned, 0);
+    for (int run = 0; run < 3; ++run) {
+      ASSERT_OK_AND_ASSIGN(Results again, RunBoth(*gpu, DType::kBF16, s, qkv,
+                                                  d_out, false, {}, options));
+      EXPECT_TRUE(first.out == again.out) << run;
+      EXPECT_TRUE(first.d_qkv == again.d_qkv) << run;
+    }
+  }
+}
+
+// A sequence long enough that the flash backward recomputes dS for dQ rather
+// than storing it (66 MiB per (batch, head), 264 MiB in all): the same
+// gradients as the cuBLAS path.
+TEST(AttentionGpuFlashTest, LongSequenceBackwardMatchesCublas) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s{1, 8192, 4, 64};
+  const uint64_t seed = TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
+                       Context::Create(Device::Cuda(0)));
+  const std::vector<double> qkv =
+      Rounded(DType::kBF16, RandomValues(s.qkv_size(), seed, -1.5, 1.5));
+  const std::vector<double> d_out =
+      Rounded(DType::kBF16, RandomValues(s.out_size(), seed + 1, -1, 1));
+  CausalAttentionOptions flash, cublas;
+  flash.kernel = AttentionKernel::kFlash;
+  cublas.kernel = AttentionKernel::kCublas;
+  ASSERT_OK_AND_ASSIGN(Results want, RunBoth(*gpu, DType::kBF16, s, qkv, d_out,
+                                             false, {}, cublas));
+  ASSERT_OK_AND_ASSIGN(Results got, RunBoth(*gpu, DType::kBF16, s, qkv, d_out,
+                                            false, {}, flash));
+  EXPECT_EQ(got.poisoned, 0);
+  const Tolerances tol = TolerancesOf(DType::kBF16);
+  EXPECT_TRUE(GradientsClose(s, got.d_qkv, want.d_qkv, tol.grad_rel_atol,
+                             tol.grad_rtol));
 }
 
 TEST(AttentionGpuMaskTest, FutureTokensDoNotChangeEarlierOutputs) {
@@ -744,11 +779,16 @@ TEST(AttentionGpuWorkspaceTest, ReservedWorkspaceIsEnough) {
     EXPECT_EQ(r.poisoned, 0);
     EXPECT_EQ(gpu->workspace_bytes(), reserved);
   }
-  // GPT-2 small's layer on the default (flash) path: only the backward's
-  // delta, batch * heads * seq floats.
+  // GPT-2 small's layer on the default (flash) path: the backward's delta,
+  // batch * heads * seq floats, and dS in bf16, 64 x 64 tiles for the 16 * 17
+  // / 2 block pairs of the causal triangle of every (batch, head).
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
                                           1024, 12, 64),
-            16 * 12 * 1024 * 4);
+            16 * 12 * 1024 * 4 + 16 * 12 * (16 * 17 / 2) * 64 * 64 * 2);
+  // Past 256 MiB of dS the dQ kernel recomputes it: only delta.
+  EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
+                                          2048, 12, 64),
+            16 * 12 * 2048 * 4);
 }
 
 // bf16 tensors that are not 16-byte aligned: the default falls back to the
