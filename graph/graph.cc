@@ -493,23 +493,6 @@ void Graph::PlanMemory() {
     return RoundUp(std::max<int64_t>(count * DTypeSize(dtype), 1),
                    kArenaAlignment);
   };
-  for (ValueInfo& info : values_) {
-    info.data_offset = info.grad_offset = -1;
-    if (info.kind == ValueKind::kParameter) continue;
-    const int64_t bytes = bytes_of(info.shape, info.dtype);
-    if (info.kind == ValueKind::kInput) {
-      intervals.push_back({bytes, 0, end, &info.data_offset});
-      continue;
-    }
-    const int64_t p = info.producer;
-    int64_t death = info.consumers.empty() ? end : p;
-    for (int c : info.consumers) {
-      // Alive through the consumer's forward and its backward.
-      death = std::max<int64_t>(death, 2 * n - 1 - c);
-    }
-    if (BackwardReadsOutput(*nodes_[p])) death = std::max(death, 2 * n - 1 - p);
-    intervals.push_back({bytes, p, death, &info.data_offset});
-  }
   // Gradients. Each is written first by the backward of its value's last
   // consumer and read last by its producer's backward. A pass-through input's
   // gradient (Node::PassThroughInputs: an add's operand, a residual added in
@@ -578,13 +561,57 @@ void Graph::PlanMemory() {
       }
     }
   }
+  // A node whose backward can write an input's gradient over the input
+  // (Node::InPlaceGradientInput): the gradient then lives in the input's own
+  // buffer, kept until the producer's backward, when the node is the input's
+  // only consumer, the producer's backward does not read it, and no other
+  // value shares its gradient.
+  std::vector<int> group_size(values_.size(), 0);
+  for (size_t v = 0; v < values_.size(); ++v) {
+    if (has_grad(values_[v])) ++group_size[root(static_cast<int>(v))];
+  }
+  grad_in_data_.assign(values_.size(), false);
+  for (int a = 0; a < n; ++a) {
+    const Node& node = *nodes_[a];
+    const int i = node.InPlaceGradientInput();
+    if (i < 0) continue;
+    const Value v = node.inputs[i];
+    const ValueInfo& info = values_[v.id];
+    int uses = 0;
+    for (const Value& input : node.inputs) uses += input.id == v.id;
+    grad_in_data_[v.id] = has_grad(info) && info.consumers.size() == 1 &&
+                          uses == 1 && root(v.id) == v.id &&
+                          group_size[v.id] == 1 &&
+                          !BackwardReadsOutput(*nodes_[info.producer]);
+  }
+  for (size_t v = 0; v < values_.size(); ++v) {
+    ValueInfo& info = values_[v];
+    info.data_offset = info.grad_offset = -1;
+    if (info.kind == ValueKind::kParameter) continue;
+    const int64_t bytes = bytes_of(info.shape, info.dtype);
+    if (info.kind == ValueKind::kInput) {
+      intervals.push_back({bytes, 0, end, &info.data_offset});
+      continue;
+    }
+    const int64_t p = info.producer;
+    int64_t death = info.consumers.empty() ? end : p;
+    for (int c : info.consumers) {
+      // Alive through the consumer's forward and its backward.
+      death = std::max<int64_t>(death, 2 * n - 1 - c);
+    }
+    if (BackwardReadsOutput(*nodes_[p]) || grad_in_data_[v]) {
+      death = std::max(death, 2 * n - 1 - p);
+    }
+    intervals.push_back({bytes, p, death, &info.data_offset});
+  }
+
   struct Span {
     int64_t bytes = 0, birth = 0, death = -1;
   };
   std::vector<Span> spans(values_.size());
   for (size_t v = 0; v < values_.size(); ++v) {
     const ValueInfo& info = values_[v];
-    if (!has_grad(info)) continue;
+    if (!has_grad(info) || grad_in_data_[v]) continue;
     Span& span = spans[root(static_cast<int>(v))];
     const int64_t birth = 2 * n - 1 - info.consumers.back();
     const int64_t death = 2 * n - 1 - info.producer;
@@ -609,8 +636,11 @@ void Graph::PlanMemory() {
   }
   arena_bytes_ = PlaceIntervals(intervals);
   for (size_t v = 0; v < values_.size(); ++v) {
-    if (has_grad(values_[v]))
+    if (grad_in_data_[v]) {
+      values_[v].grad_offset = values_[v].data_offset;
+    } else if (has_grad(values_[v])) {
       values_[v].grad_offset = values_[root(static_cast<int>(v))].grad_offset;
+    }
   }
 }
 

@@ -133,6 +133,11 @@ class Node {
   // add's operands, a residual added in a GEMM's epilogue): the memory plan
   // may give that input's gradient the output gradient's buffer.
   virtual uint32_t PassThroughInputs() const { return 0; }
+  // An input whose gradient the node's backward can write over the input
+  // itself (a loss head whose op works in place), or -1. The memory plan then
+  // gives the gradient the input's buffer when nothing else reads the input
+  // and its producer's backward does not either.
+  virtual int InPlaceGradientInput() const { return -1; }
 
   std::vector<Value> inputs;
   std::vector<Value> outputs;
@@ -287,6 +292,8 @@ class Graph {
   std::vector<bool> grad_written_;
   // Per node, a bit per input whose gradient shares the output's buffer.
   std::vector<uint32_t> grad_shares_output_;
+  // Per value, whether its gradient lives in its data buffer.
+  std::vector<bool> grad_in_data_;
 };
 
 }  // namespace graph

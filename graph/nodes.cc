@@ -348,6 +348,9 @@ class CrossEntropyNode final : public Node {
         workspace_(CrossEntropyWorkspaceBytes(rows, vocab)) {}
   const char* type() const override { return "CrossEntropy"; }
   int64_t WorkspaceBytes(const Device&) const override { return workspace_; }
+  // The logits' gradient may be written over the logits (the op works in
+  // place): no second [rows, V] buffer when nothing else reads them.
+  int InPlaceGradientInput() const override { return 0; }
   // inputs: logits, targets; aux: lse
   absl::Status Forward(NodeRun& run, bool) override {
     const Tensor lse = run.aux(0);

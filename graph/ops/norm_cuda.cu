@@ -378,11 +378,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // The second stage: out[c] += sum over b of partial[b, c] in a fixed order.
-// A 32 x 8 block takes 32 columns (coalesced rows of the partials); its eight
-// thread rows sum every eighth partial row, then thread row 0 adds the eight.
-// blockIdx.y picks d_gamma (0) or d_beta (1).
+// A 32 x 16 block takes 32 columns (coalesced rows of the partials); its
+// sixteen thread rows sum every sixteenth partial row, then thread row 0 adds
+// the sixteen. blockIdx.y picks d_gamma (0) or d_beta (1). There are few
+// blocks (cols / 32), so each thread keeps several loads in flight (the
+// unrolled loop issues them before the additions, which stay in order).
 constexpr int kSumColumns = 32;
-constexpr int kSumRows = 8;
+constexpr int kSumRows = 16;
 
 __global__ void __launch_bounds__(kSumColumns* kSumRows)
     ColumnSumKernel(const float* __restrict__ partial_gamma,
@@ -395,6 +397,7 @@ __global__ void __launch_bounds__(kSumColumns* kSumRows)
   const int c = blockIdx.x * kSumColumns + threadIdx.x;
   float sum = 0.0f;
   if (c < cols) {
+#pragma unroll 8
     for (int b = threadIdx.y; b < blocks; b += kSumRows) {
       sum += partial[static_cast<int64_t>(b) * cols + c];
     }

@@ -1,7 +1,8 @@
-// Tests of the graph executor's residual connections: a residual added in a
-// Linear or GeluMlp node's GEMM (whose gradient the memory plan may give the
-// output gradient's buffer) gives the gradients of an explicit Add, including
-// when the residual is also the node's x and when it has other consumers.
+// Tests of the graph executor's buffer sharing: a residual added in a Linear
+// or GeluMlp node's GEMM (whose gradient the memory plan may give the output
+// gradient's buffer) gives the gradients of an explicit Add, including when
+// the residual is also the node's x and when it has other consumers; the loss
+// head's in-place logits gradient gives the gradients of a separate buffer.
 #include "graph/graph.h"
 
 #include <cstdio>
@@ -136,6 +137,93 @@ TEST(GraphResidualTest, FusedResidualsMatchExplicitAdds) {
       EXPECT_TRUE(test::AllClose(got[i], want[i], tol, tol)) << "entry " << i;
     }
   }
+}
+
+// The unfused loss head writes the logits' gradient over the logits when
+// nothing else reads them (and gives the fused head's gradients); with another
+// reader the gradient keeps a buffer of its own.
+TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
+  const uint64_t seed = test::TestSeed();
+  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF32}};
+  const std::string gpu_unavailable = test::GpuUnavailableReason();
+  if (gpu_unavailable.empty()) {
+    runs.push_back({Device::Cuda(0), DType::kF32});
+  } else {
+    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
+  }
+  for (const auto& [device, dtype] : runs) {
+    SCOPED_TRACE(device.ToString());
+    std::unique_ptr<Context> context = test::MakeContext(device);
+    ASSERT_NE(context, nullptr);
+    std::vector<std::vector<double>> results[2];
+    for (bool fused : {false, true}) {
+      Graph g(dtype);
+      const Value ids = g.Input("ids", {kRows}, DType::kI32, kVocab);
+      const Value targets = g.Input("targets", {kRows}, DType::kI32, kVocab);
+      const Value table = g.Parameter("table", {kVocab, kWidth}, true);
+      const Value out = g.Parameter("out", {kVocab, kWidth}, true);
+      const Value hidden = g.Embedding(ids, table, std::nullopt, kRows);
+      Value loss, logits;
+      if (fused) {
+        loss = g.LinearCrossEntropy(hidden, out, std::nullopt, targets,
+                                    LinearCrossEntropyOptions{});
+      } else {
+        logits = g.Linear(hidden, out, std::nullopt);
+        loss = g.CrossEntropy(logits, targets, CrossEntropyOptions{});
+      }
+      ASSERT_OK(g.Compile(*context));
+      if (!fused) {
+        EXPECT_EQ(g.info(logits).grad_offset, g.info(logits).data_offset);
+      }
+      for (const Value& p : {table, out}) {
+        const Tensor master = g.master(p);
+        ASSERT_OK_AND_ASSIGN(
+            OwnedTensor t,
+            FromHost(*context, master.dtype, master.shape,
+                     test::RandomValues(master.numel(), seed + p.id, -1, 1)));
+        ASSERT_OK(CopyTensor(t.view, master, *context));
+      }
+      ASSERT_OK(g.SyncComputeCopy());
+      std::mt19937_64 engine(seed);
+      std::vector<int32_t> id_values(kRows), target_values(kRows);
+      for (int32_t& id : id_values)
+        id = static_cast<int32_t>(engine() % kVocab);
+      for (int32_t& t : target_values) {
+        t = static_cast<int32_t>(engine() % kVocab);
+      }
+      ASSERT_OK(g.ZeroGradients());
+      ASSERT_OK(g.SetInput(ids, id_values));
+      ASSERT_OK(g.SetInput(targets, target_values));
+      ASSERT_OK(g.Forward(/*training=*/true));
+      ASSERT_OK(g.Backward());
+      ASSERT_OK_AND_ASSIGN(float loss_value, g.ReadScalar(loss));
+      results[fused].push_back({loss_value});
+      for (const Value& p : {table, out}) {
+        ASSERT_OK_AND_ASSIGN(std::vector<double> grad,
+                             ToHost(*context, g.grad(p)));
+        results[fused].push_back(std::move(grad));
+      }
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(test::AllClose(results[0][i], results[1][i], 1e-5, 1e-5))
+          << "entry " << i;
+    }
+  }
+  // A second reader of the logits (before the loss, so that the loss's
+  // backward writes the gradient first): no sharing.
+  Graph g(DType::kF32);
+  const Value ids = g.Input("ids", {kRows}, DType::kI32, kVocab);
+  const Value targets = g.Input("targets", {kRows}, DType::kI32, kVocab);
+  const Value table = g.Parameter("table", {kVocab, kWidth}, true);
+  const Value out = g.Parameter("out", {kVocab, kWidth}, true);
+  const Value logits =
+      g.Linear(g.Embedding(ids, table, std::nullopt, kRows), out, std::nullopt);
+  g.CrossEntropy(g.Add(logits, logits), targets, CrossEntropyOptions{});
+  g.CrossEntropy(logits, targets, CrossEntropyOptions{});
+  std::unique_ptr<Context> context = test::MakeContext(Device::Cpu());
+  ASSERT_NE(context, nullptr);
+  ASSERT_OK(g.Compile(*context));
+  EXPECT_NE(g.info(logits).grad_offset, g.info(logits).data_offset);
 }
 
 TEST(GraphResidualTest, RejectsAResidualOfAnotherShape) {
