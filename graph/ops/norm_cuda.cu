@@ -215,8 +215,11 @@ __global__ void __launch_bounds__(kBlockThreads)
 //   RMSNorm:   dx = rstd (g - xhat mean(g xhat))
 // and d_gamma += sum over rows of dy xhat, d_beta += sum over rows of dy.
 
+// Up to 768 columns (kCpl 3) the registers are capped for four blocks an SM
+// (16 warps rather than 12): the kernel waits on memory, and more warps hide
+// it (wider rows would spill).
 template <typename T, int kCpl, bool kRms>
-__global__ void __launch_bounds__(kBackwardWarps* kWarpSize)
+__global__ void __launch_bounds__(kBackwardWarps* kWarpSize, kCpl <= 3 ? 4 : 1)
     BackwardWarpKernel(const T* __restrict__ x, const T* __restrict__ gamma,
                        const float* __restrict__ mean,
                        const float* __restrict__ rstd, const T* __restrict__ dy,
