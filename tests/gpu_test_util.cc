@@ -1,6 +1,7 @@
 // GPU availability, per-test seeds and their LOSSRT_TEST_SEED override.
 #include "tests/gpu_test_util.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <random>
@@ -30,6 +31,18 @@ std::vector<Device> TestDevices() {
   std::vector<Device> devices = {Device::Cpu()};
   if (GpuUnavailableReason().empty()) devices.push_back(Device::Cuda(0));
   return devices;
+}
+
+std::vector<std::pair<Device, DType>> TestRuns(
+    DType cpu_dtype, std::initializer_list<DType> gpu_dtypes) {
+  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), cpu_dtype}};
+  const std::string unavailable = GpuUnavailableReason();
+  if (!unavailable.empty()) {
+    std::printf("no CUDA device: %s; GPU part skipped\n", unavailable.c_str());
+    return runs;
+  }
+  for (DType dtype : gpu_dtypes) runs.push_back({Device::Cuda(0), dtype});
+  return runs;
 }
 
 absl::StatusOr<uint64_t> ParseSeed(absl::string_view text) {

@@ -16,13 +16,16 @@
 #define LOSSRT_TESTS_GPU_TEST_UTIL_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 
 namespace lossrt {
 namespace test {
@@ -33,6 +36,12 @@ std::string GpuUnavailableReason();
 
 // The devices a test can run on: the CPU, then cuda:0 when a GPU is usable.
 std::vector<Device> TestDevices();
+
+// The (device, dtype) runs of a test: the CPU in `cpu_dtype`, then cuda:0 in
+// each of `gpu_dtypes` when a GPU is usable; otherwise it prints why the GPU
+// part is skipped.
+std::vector<std::pair<Device, DType>> TestRuns(
+    DType cpu_dtype, std::initializer_list<DType> gpu_dtypes);
 
 // The syntax of LOSSRT_TEST_SEED: a decimal or 0x-prefixed hexadecimal 64-bit
 // number.

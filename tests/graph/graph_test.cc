@@ -5,7 +5,6 @@
 // head's in-place logits gradient gives the gradients of a separate buffer.
 #include "graph/graph.h"
 
-#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -116,13 +115,7 @@ absl::StatusOr<std::vector<std::vector<double>>> StepGradients(Context& context,
 
 TEST(GraphResidualTest, FusedResidualsMatchExplicitAdds) {
   const uint64_t seed = test::TestSeed();
-  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF32}};
-  const std::string gpu_unavailable = test::GpuUnavailableReason();
-  if (gpu_unavailable.empty()) {
-    runs.push_back({Device::Cuda(0), DType::kF32});
-  } else {
-    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
-  }
+  const auto runs = test::TestRuns(DType::kF32, {DType::kF32});
   for (const auto& [device, dtype] : runs) {
     SCOPED_TRACE(DTypeName(dtype));
     std::unique_ptr<Context> context = test::MakeContext(device);
@@ -144,13 +137,7 @@ TEST(GraphResidualTest, FusedResidualsMatchExplicitAdds) {
 // reader the gradient keeps a buffer of its own.
 TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
   const uint64_t seed = test::TestSeed();
-  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF32}};
-  const std::string gpu_unavailable = test::GpuUnavailableReason();
-  if (gpu_unavailable.empty()) {
-    runs.push_back({Device::Cuda(0), DType::kF32});
-  } else {
-    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
-  }
+  const auto runs = test::TestRuns(DType::kF32, {DType::kF32});
   for (const auto& [device, dtype] : runs) {
     SCOPED_TRACE(device.ToString());
     std::unique_ptr<Context> context = test::MakeContext(device);

@@ -4,7 +4,6 @@
 #include "graph/ops/linear.h"
 
 #include <cmath>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -201,14 +200,7 @@ class LinearResidualTest : public ::testing::TestWithParam<LinearCase> {};
 TEST_P(LinearResidualTest, MatchesReference) {
   const LinearCase c = GetParam();
   const uint64_t seed = test::TestSeed();
-  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF64}};
-  const std::string gpu_unavailable = test::GpuUnavailableReason();
-  if (gpu_unavailable.empty()) {
-    runs.push_back({Device::Cuda(0), DType::kF32});
-    runs.push_back({Device::Cuda(0), DType::kBF16});
-  } else {
-    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
-  }
+  const auto runs = test::TestRuns(DType::kF64, {DType::kF32, DType::kBF16});
   for (const auto& [device, dtype] : runs) {
     std::unique_ptr<Context> context = test::MakeContext(device);
     ASSERT_NE(context, nullptr);
@@ -286,14 +278,7 @@ class LinearGeluTest : public ::testing::TestWithParam<GeluCase> {};
 TEST_P(LinearGeluTest, MatchesReference) {
   const GeluCase c = GetParam();
   const uint64_t seed = test::TestSeed();
-  std::vector<std::pair<Device, DType>> runs = {{Device::Cpu(), DType::kF64}};
-  const std::string gpu_unavailable = test::GpuUnavailableReason();
-  if (gpu_unavailable.empty()) {
-    runs.push_back({Device::Cuda(0), DType::kF32});
-    runs.push_back({Device::Cuda(0), DType::kBF16});
-  } else {
-    std::printf("no CUDA device: %s\n", gpu_unavailable.c_str());
-  }
+  const auto runs = test::TestRuns(DType::kF64, {DType::kF32, DType::kBF16});
   for (const auto& [device, dtype] : runs) {
     SCOPED_TRACE(DTypeName(dtype));
     std::unique_ptr<Context> context = test::MakeContext(device);
