@@ -48,7 +48,6 @@ constexpr int kBackwardWarps = 4;
 constexpr int kBlockThreads = 256;  // the block path
 constexpr int kBlockWarps = kBlockThreads / kWarpSize;
 
-// kChunk elements at p (16-byte aligned) as floats, in whole 16-byte vectors.
 // kChunk elements of T in 16-byte words.
 template <typename T>
 struct RawChunk {
@@ -71,6 +70,7 @@ __device__ __forceinline__ void RawToFloats(const RawChunk<T>& raw,
   for (int k = 0; k < kChunk; ++k) v[k] = ToFloat(elements[k]);
 }
 
+// kChunk elements at p (16-byte aligned) as floats, in whole 16-byte vectors.
 template <typename T>
 __device__ __forceinline__ void LoadVec(const T* p, float (&v)[kChunk]) {
   RawChunk<T> raw;
