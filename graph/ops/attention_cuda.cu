@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "graph/ops/attention_cuda.h"
+#include "graph/ops/cuda_chunks.h"
 
 namespace lossrt {
 namespace ops {
@@ -17,21 +18,8 @@ namespace {
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float ToFloat(float value) { return value; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float value);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
-}
+using cuda_chunks::FromFloat;
+using cuda_chunks::ToFloat;
 
 // One warp per (row, head): the dot product of d_out and out over head_dim.
 template <typename T>

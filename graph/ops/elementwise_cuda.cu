@@ -1,6 +1,7 @@
 // CUDA kernels of the element-wise ops: each thread handles a chunk of eight
-// consecutive elements, read and written as whole 16-byte vectors when the
-// tensors are 16-byte aligned (scalar accesses otherwise, and for the tail).
+// consecutive elements (graph/ops/cuda_chunks.h), read and written as whole
+// 16-byte vectors when the tensors are 16-byte aligned (scalar accesses
+// otherwise, and for the tail).
 // Memory-bound: one read of each input, one write of the output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "graph/ops/cuda_chunks.h"
 #include "graph/ops/elementwise_cuda.h"
 
 namespace lossrt {
@@ -15,83 +17,11 @@ namespace ops {
 namespace cuda {
 namespace {
 
+using cuda_chunks::kChunk;
+using cuda_chunks::LoadChunk;
+using cuda_chunks::StoreChunk;
+
 constexpr int kThreads = 256;
-// Elements per thread: 16 bytes of bf16, 32 of f32, 64 of f64, so that every
-// dtype moves whole 16-byte vectors and a thread has all its loads in flight
-// at once.
-constexpr int kChunk = 8;
-
-template <typename A, typename T>
-__device__ __forceinline__ A Cast(T value) {
-  return static_cast<A>(value);
-}
-template <>
-__device__ __forceinline__ float Cast<float, __nv_bfloat16>(
-    __nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-template <>
-__device__ __forceinline__ double Cast<double, __nv_bfloat16>(
-    __nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16
-Cast<__nv_bfloat16, float>(float value) {
-  return __float2bfloat16_rn(value);
-}
-// Through f32, as the CPU does (runtime/dtype.h converts from float only).
-template <>
-__device__ __forceinline__ __nv_bfloat16
-Cast<__nv_bfloat16, double>(double value) {
-  return __float2bfloat16_rn(static_cast<float>(value));
-}
-
-// Elements [i, i + kChunk) of p that lie below n, widened to A (0 past n).
-// `vec`: p is 16-byte aligned, so a full chunk (i is a multiple of kChunk) is
-// read as sizeof(T) / 2 whole 16-byte vectors.
-template <typename A, typename T>
-__device__ __forceinline__ void LoadChunk(const T* p, int64_t i, int64_t n,
-                                          bool vec, A (&v)[kChunk]) {
-  if (vec && i + kChunk <= n) {
-    constexpr int kWords = sizeof(T) * kChunk / 16;
-    uint4 raw[kWords];
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      raw[w] = reinterpret_cast<const uint4*>(p + i)[w];
-    }
-    const T* elements = reinterpret_cast<const T*>(raw);
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) v[k] = Cast<A>(elements[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      v[k] = i + k < n ? Cast<A>(p[i + k]) : A(0);
-    }
-  }
-}
-
-// Stores the elements of v that lie below n at p[i...], rounded to T.
-template <typename T, typename A>
-__device__ __forceinline__ void StoreChunk(T* p, int64_t i, int64_t n, bool vec,
-                                           const A (&v)[kChunk]) {
-  if (vec && i + kChunk <= n) {
-    constexpr int kWords = sizeof(T) * kChunk / 16;
-    uint4 raw[kWords];
-    T* elements = reinterpret_cast<T*>(raw);
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) elements[k] = Cast<T>(v[k]);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      reinterpret_cast<uint4*>(p + i)[w] = raw[w];
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      if (i + k < n) p[i + k] = Cast<T>(v[k]);
-    }
-  }
-}
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

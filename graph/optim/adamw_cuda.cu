@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "graph/ops/cuda_chunks.h"
 #include "graph/optim/adamw_cuda.h"
 
 namespace lossrt {
@@ -111,16 +112,7 @@ __device__ __forceinline__ float UpdateOne(const AdamWKernelArgs& a, float p,
   return __fadd_rn(p, -__fmul_rn(a.step_size, __fdiv_rn(m, denom)));
 }
 
-template <typename C>
-__device__ __forceinline__ C FromFloat(float value);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
-}
+using ops::cuda_chunks::FromFloat;
 
 // C: the compute copy's element type (void: none). kVectorized: every pointer
 // is aligned for kVec-element accesses (16 bytes of f32, 8 of bf16).
