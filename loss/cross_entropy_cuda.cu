@@ -1,17 +1,16 @@
 // CUDA kernels of the cross-entropy op, tuned on an H200 (sm_90):
 //
 // - WarpRowKernel (forward): a warp streams each row with 16-byte loads, eight
-// pieces per
-//   lane in flight, online max/sum per lane and a shuffle reduction: no block
-//   barriers, a persistent grid, one read of the logits.
+//   pieces per lane in flight, online max/sum per lane and a shuffle
+//   reduction: no block barriers, a persistent grid, one read of the logits.
 // - RowKernel (fused forward+backward): a row is split over a thread-block
-// cluster of C CTAs
-//   (C = 1 up to 4096 16-byte pieces) and held in registers; statistics are
-//   reduced in the warp, the block and the cluster (distributed shared memory),
-//   and the gradient is written from the registers: one read, one write. Rows
-//   longer than a cluster holds are tiled and re-read.
+//   cluster of C CTAs (C = 1 up to 4096 16-byte pieces) and held in
+//   registers; statistics are reduced in the warp, the block and the cluster
+//   (distributed shared memory), and the gradient is written from the
+//   registers: one read, one write. Rows longer than a cluster holds are tiled
+//   and re-read.
 // - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (one
-// read, one write).
+//   read, one write).
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
 //
 // Every reduction has a fixed shape and order, so results are bitwise
@@ -22,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "loss/cross_entropy_cuda.h"
 
@@ -368,6 +368,9 @@ struct Tile;
 template <typename T, int R>
 struct Tile<T, R, true> {
   static constexpr int kW = 16 / sizeof(T);
+  // 16-bit pieces take their max in pairs, before unpacking (PackedMax).
+  static constexpr bool kPackedMax = sizeof(T) == 2;
+  using Element = T;
   uint4 raw[R];
 
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
@@ -404,6 +407,7 @@ struct Tile<T, R, true> {
 template <typename T, int R>
 struct Tile<T, R, false> {
   static constexpr int kW = 1;
+  static constexpr bool kPackedMax = false;
   float value[R];
 
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
@@ -433,6 +437,67 @@ struct RowView {
   const float* weights;
 };
 
+// Max of two pairs of 16-bit values (one HMNMX2): a max is exact in the
+// logits' own type, so 16-bit tiles need not unpack for it. Like fmaxf, a NaN
+// loses to a number.
+template <typename T>
+__device__ __forceinline__ uint32_t PairMax(uint32_t a, uint32_t b) {
+  using Pair = typename std::conditional<std::is_same<T, __half>::value,
+                                         __half2, __nv_bfloat162>::type;
+  union {
+    uint32_t bits;
+    Pair pair;
+  } x, y, m;
+  x.bits = a;
+  y.bits = b;
+  m.pair = __hmax2(x.pair, y.pair);
+  return m.bits;
+}
+
+// A pair of -inf in T.
+template <typename T>
+__device__ constexpr uint32_t PairNegInf() {
+  return std::is_same<T, __half>::value ? 0xfc00fc00u : 0xff80ff80u;
+}
+
+// This thread's max over R 16-byte pieces of 16-bit logits, in four partial
+// maxima: whole pieces in pairs; a piece that crosses the end of the row is
+// unpacked (and masked).
+template <typename T, typename TileT, int R>
+__device__ __forceinline__ void PackedMax(const TileT& tile,
+                                          const RowView& view,
+                                          float (&max_part)[4]) {
+  constexpr int kW = TileT::kW;
+  uint32_t pairs[4] = {PairNegInf<T>(), PairNegInf<T>(), PairNegInf<T>(),
+                       PairNegInf<T>()};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (base + kW <= view.vocab) {
+      pairs[0] = PairMax<T>(pairs[0], tile.raw[r].x);
+      pairs[1] = PairMax<T>(pairs[1], tile.raw[r].y);
+      pairs[2] = PairMax<T>(pairs[2], tile.raw[r].z);
+      pairs[3] = PairMax<T>(pairs[3], tile.raw[r].w);
+    } else if (base < view.vocab) {
+      float x[kW];
+      tile.Unpack(r, base, view.vocab, 0.0f, 0.0f, x);
+#pragma unroll
+      for (int j = 0; j < kW; ++j)
+        max_part[j % 4] = fmaxf(max_part[j % 4], x[j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    union {
+      uint32_t bits;
+      T elements[2];
+    } pair;
+    pair.bits = pairs[i];
+    max_part[i] = fmaxf(max_part[i], fmaxf(ToFloat(pair.elements[0]),
+                                           ToFloat(pair.elements[1])));
+  }
+}
+
 // This thread's statistics of one tile: its max, then the sum of exp relative
 // to it. Four independent accumulators break the dependency chains (a 16-bit
 // tile holds 64 values).
@@ -454,15 +519,24 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
     max_part[i] = NegInf();
     sum_part[i] = 0.0f;
   }
+  // A soft cap is applied on unpacking, so its tiles take the max after it.
+  bool packed = false;
+  if constexpr (TileT::kPackedMax) packed = inv_cap == 0.0f;
+  if (packed) {
+    if constexpr (TileT::kPackedMax) {
+      PackedMax<typename TileT::Element, TileT, R>(tile, view, max_part);
+    }
+  } else {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float x[kW];
-    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
-                inv_cap, x);
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
 #pragma unroll
-    for (int j = 0; j < kW; ++j)
-      max_part[(r * kW + j) % kParts] =
-          fmaxf(max_part[(r * kW + j) % kParts], x[j]);
+      for (int j = 0; j < kW; ++j)
+        max_part[(r * kW + j) % kParts] =
+            fmaxf(max_part[(r * kW + j) % kParts], x[j]);
+    }
   }
   RowStats s = IdentityStats();
   s.max =
@@ -591,6 +665,31 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   }
 }
 
+// What a row kernel does once a row's statistics are reduced: reads the scan's
+// results at the first row (so that the first row's statistics overlap the
+// scan), scales the row's coefficients for the mean, writes the loss and lse
+// (`writer`: one thread a row) and returns the gradient's coefficients.
+struct ScanState {
+  ScanResults results{};
+  bool loaded = false;
+};
+
+__device__ __forceinline__ GradCoefficients
+FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
+          const RowStats& total, bool writer, ScanState& scan) {
+  if (!scan.loaded) {
+    scan.results = LoadScanResults(args);
+    scan.loaded = true;
+  }
+  const ScanResults& r = scan.results;
+  c.ce_scale *= r.mean.ce_inv;
+  c.z_scale *= r.mean.z_inv;
+  const float log_sum = log1pf(total.rest);
+  const float lse = total.max + log_sum;
+  if (writer) WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
+  return MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
+}
+
 struct RowShared {
   RowStats warp_stats[kMaxThreads / 32];
   RowStats
@@ -653,8 +752,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   // The scan's results are read after the first row's statistics, which so
   // overlap the scan; a dependent (the final sum) may launch now.
   LetDependentGridsLaunch();
-  ScanResults scan{};
-  bool scanned = false;
+  ScanState scan;
   RowView view{static_cast<int>(args.vocab),
                0,
                stride,
@@ -678,19 +776,9 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
           stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
-    if (!scanned) {
-      scan = LoadScanResults(args);
-      scanned = true;
-    }
-    c.ce_scale *= scan.mean.ce_inv;
-    c.z_scale *= scan.mean.z_inv;
-    const float log_sum = log1pf(total.rest);
-    const float lse = total.max + log_sum;
-    if (rank == 0 && threadIdx.x == 0)
-      WriteRowLoss(args, row, c, total, lse, scan.weight_total, scan.mean);
+    const GradCoefficients gc =
+        FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
     if constexpr (kGrad) {
-      const GradCoefficients gc = MakeGradCoefficients(
-          args, c, lse, scan.weight_total, total.max, log_sum);
       G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
       // Tiles are revisited last-first so that the tile still in registers goes
       // first.
@@ -765,8 +853,7 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   // The scan's results are read after the first row's statistics, which so
   // overlap the scan; a dependent (the final sum) may launch now.
   LetDependentGridsLaunch();
-  ScanResults scan{};
-  bool scanned = false;
+  ScanState scan;
   RowView view{vocab,
                0,
                32,
@@ -786,19 +873,8 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
           stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
     }
     const RowStats total = WarpReduce(stats);
-    if (!scanned) {
-      scan = LoadScanResults(args);
-      scanned = true;
-    }
-    c.ce_scale *= scan.mean.ce_inv;
-    c.z_scale *= scan.mean.z_inv;
-    const float log_sum = log1pf(total.rest);
-    const float lse = total.max + log_sum;
-    if (lane == 0)
-      WriteRowLoss(args, row, c, total, lse, scan.weight_total, scan.mean);
+    const GradCoefficients gc = FinishRow(args, row, c, total, lane == 0, scan);
     if constexpr (kGrad) {
-      const GradCoefficients gc = MakeGradCoefficients(
-          args, c, lse, scan.weight_total, total.max, log_sum);
       G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
       for (int first = lane; first < vecs; first += 32 * R) {
         TileT tile;
@@ -861,6 +937,7 @@ __device__ __forceinline__ void CpAsyncWait(int pending) {
 template <typename T>
 struct StagedTile {
   static constexpr int kW = 16 / sizeof(T);
+  static constexpr bool kPackedMax = false;
   const uint4*
       pieces;  // this thread's first piece; piece r is r * blockDim.x further
   __device__ __forceinline__ void Unpack(int r, int base, int vocab,
