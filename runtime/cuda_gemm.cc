@@ -43,11 +43,6 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
         entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
         sizeof(call.bias)));
   }
-  if (call.bias_gradient != nullptr) {
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias_gradient,
-        sizeof(call.bias_gradient)));
-  }
   if (call.epilogue != GemmEpilogue::kNone) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
@@ -82,8 +77,6 @@ GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
           AlignmentOf(c.d),
           c.bias != nullptr ? AlignmentOf(c.bias) : 0,
           c.beta != 0.0f,
-          c.bias_gradient != nullptr,
-          c.bias_gradient != nullptr ? AlignmentOf(c.bias_gradient) : 0,
           static_cast<int64_t>(c.epilogue),
           c.epilogue != GemmEpilogue::kNone ? AlignmentOf(c.aux) : 0,
           c.ld_aux,
@@ -112,11 +105,9 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       entry->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (call.epilogue != GemmEpilogue::kNone) {
-    if (call.bias_gradient != nullptr ||
-        (call.bias != nullptr && call.epilogue == GemmEpilogue::kDGelu)) {
+    if (call.bias != nullptr && call.epilogue == GemmEpilogue::kDGelu) {
       return absl::InvalidArgumentError(
-          "GEMM: a GELU epilogue takes no bias gradient, and its derivative no "
-          "bias");
+          "GEMM: a GELU derivative epilogue takes no bias");
     }
     const uint32_t epilogue =
         call.epilogue == GemmEpilogue::kDGelu ? CUBLASLT_EPILOGUE_DGELU
@@ -147,19 +138,6 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
         sizeof(call.bias)));
-  }
-  if (call.bias_gradient != nullptr) {
-    const uint32_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    const cudaDataType bias_type = CUDA_R_32F;
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-        sizeof(epilogue)));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-        sizeof(bias_type)));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias_gradient,
-        sizeof(call.bias_gradient)));
   }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
       &entry->a, call.a.type, call.a.rows, call.a.cols, call.a.ld));

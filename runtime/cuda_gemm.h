@@ -61,10 +61,6 @@ struct GemmCall {
   float beta = 0.0f;
   const void* c = nullptr;     // [m, n], ld_d; nullptr: D
   const void* bias = nullptr;  // [m], D's type
-  // [n] fp32, written (not added to) with the sums of op(B) over k, in the
-  // GEMM's epilogue (cuBLASLt's BGRADB): the bias gradient of a linear layer
-  // from the GEMM that reads its output gradient anyway. Not with `bias`.
-  float* bias_gradient = nullptr;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   // [m, n] in D's type, leading dimension ld_aux (a multiple of 8): written
   // by kGeluAux, read by kDGelu.
@@ -90,7 +86,7 @@ class GemmRunner {
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
  private:
-  using Key = std::array<int64_t, 26>;
+  using Key = std::array<int64_t, 24>;
   struct Entry {
     Key key;
     cublasLtMatmulDesc_t desc = nullptr;
