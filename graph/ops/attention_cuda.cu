@@ -48,6 +48,69 @@ __global__ void DeltaKernel(const T* __restrict__ out,
   }
 }
 
+// The same with 16-byte loads, for head dims of G 16-byte pieces (G a power of
+// two up to 32): G consecutive threads take a (row, head), one piece each, and
+// add their partial dot products by shuffles in a fixed order. Reads out and
+// d_out at close to the copy rate, where the warp-per-row kernel's two-byte
+// loads reached a quarter of it (H200, head_dim 64).
+template <typename T, int G>
+__global__ void __launch_bounds__(256)
+    DeltaVecKernel(const T* __restrict__ out, const T* __restrict__ d_out,
+                   int64_t items, int64_t seq, int64_t heads,
+                   float* __restrict__ delta) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t piece = static_cast<int64_t>(blockIdx.x) * blockDim.x +
+                        threadIdx.x;  // [rows, heads, G] pieces
+  const int64_t item = piece / G;
+  float sum = 0.0f;
+  if (item < items) {
+    union Piece {
+      uint4 raw;
+      T elements[V];
+    } a, b;
+    a.raw = __ldg(reinterpret_cast<const uint4*>(out) + piece);
+    b.raw = __ldg(reinterpret_cast<const uint4*>(d_out) + piece);
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      sum += ToFloat(a.elements[k]) * ToFloat(b.elements[k]);
+  }
+  // Every lane takes part (past-the-end ones with 0): the groups tile the warp.
+#pragma unroll
+  for (int offset = G / 2; offset > 0; offset /= 2)
+    sum += __shfl_xor_sync(kFullMask, sum, offset);
+  if (item < items && piece % G == 0) {
+    const int64_t row = item / heads;
+    const int64_t h = item % heads;
+    delta[((row / seq) * heads + h) * seq + row % seq] = sum;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchDeltaVec(const T* out, const T* d_out, int64_t items,
+                           int64_t seq, int64_t heads, int pieces_per_item,
+                           float* delta, cudaStream_t stream) {
+  const int64_t threads = 256;
+  const unsigned blocks =
+      static_cast<unsigned>((items * pieces_per_item + threads - 1) / threads);
+  switch (pieces_per_item) {
+#define LOSSRT_DELTA_CASE(G)                                                 \
+  case G:                                                                    \
+    DeltaVecKernel<T, G><<<blocks, threads, 0, stream>>>(out, d_out, items,  \
+                                                         seq, heads, delta); \
+    break;
+    LOSSRT_DELTA_CASE(1)
+    LOSSRT_DELTA_CASE(2)
+    LOSSRT_DELTA_CASE(4)
+    LOSSRT_DELTA_CASE(8)
+    LOSSRT_DELTA_CASE(16)
+    LOSSRT_DELTA_CASE(32)
+#undef LOSSRT_DELTA_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 // (m, l) of a softmax partial: max m and sum l of exp(x - m). An empty partial
 // is (-inf, 0); the guards keep -inf - -inf from making NaN.
 __device__ __forceinline__ void MergeSoftmax(float& m, float& l, float m2,
@@ -133,6 +196,21 @@ cudaError_t LaunchDelta(const void* out, const void* d_out, bool bf16,
   const int64_t rows = batch * seq;
   const int64_t blocks = CeilDiv(rows * heads, kWarpsPerBlock);
   if (blocks == 0) return cudaSuccess;
+  const int vec = bf16 ? 8 : 4;  // elements in 16 bytes
+  const int64_t pieces = head_dim / vec;
+  if (head_dim % vec == 0 && pieces >= 1 && pieces <= 32 &&
+      (pieces & (pieces - 1)) == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(d_out) % 16 == 0) {
+    return bf16 ? LaunchDeltaVec(static_cast<const __nv_bfloat16*>(out),
+                                 static_cast<const __nv_bfloat16*>(d_out),
+                                 rows * heads, seq, heads,
+                                 static_cast<int>(pieces), delta, stream)
+                : LaunchDeltaVec(static_cast<const float*>(out),
+                                 static_cast<const float*>(d_out), rows * heads,
+                                 seq, heads, static_cast<int>(pieces), delta,
+                                 stream);
+  }
   if (bf16) {
     DeltaKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
                   stream>>>(static_cast<const __nv_bfloat16*>(out),
