@@ -8,7 +8,8 @@
 //   registers; statistics are reduced in the warp, the block and the cluster
 //   (distributed shared memory), and the gradient is written from the
 //   registers: one read, one write. Rows longer than a cluster holds are tiled
-//   and re-read.
+//   and re-read. For fp32 rows one CTA holds, a variant loads the next row
+//   before reducing the current one.
 // - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (one
 //   read, one write).
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
@@ -736,7 +737,11 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 // in the registers of the cluster's threads (kPieces 16-byte pieces each)
 // between the reduction and the gradient, so it is read once. `tiles` > 1 only
 // for rows longer than the cluster holds (those are read twice).
-template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt>
+// kPrefetch (tiles == 1 only): each thread holds two rows' pieces and loads
+// the cluster's next row before it reduces the current one, so the loads of
+// a CTA never wait for its reductions, barriers and stores.
+template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
+          bool kPrefetch>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles) {
   using TileT = Tile<T, R, kVec>;
@@ -761,32 +766,60 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
                args.class_weights};
   const int first0 = rank * blockDim.x + threadIdx.x;
   int parity = 0;
+  auto logits_of = [&](int64_t row) {
+    return static_cast<const T*>(args.logits) + row * args.logits_stride;
+  };
 
-  for (int64_t row = cluster_id; row < args.rows;
-       row += clusters, parity ^= 1) {
-    const T* logits_row =
-        static_cast<const T*>(args.logits) + row * args.logits_stride;
-    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
-    TileT tile;
-    RowStats stats = IdentityStats();
-    for (int t = 0; t < tiles; ++t) {
-      view.first = t * tile_pieces + first0;
-      tile.Load(logits_row, view.vocab, view.first, stride);
-      stats = Combine(
-          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+  if constexpr (kPrefetch) {
+    TileT current;
+    if (cluster_id < args.rows)
+      current.Load(logits_of(cluster_id), view.vocab, first0, stride);
+    for (int64_t row = cluster_id; row < args.rows;
+         row += clusters, parity ^= 1) {
+      // The cluster's next row is on its way before this one is reduced.
+      TileT next;
+      if (row + clusters < args.rows)
+        next.Load(logits_of(row + clusters), view.vocab, first0, stride);
+      RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      view.first = first0;
+      const RowStats total = ReduceRow(
+          TileStats<TileT, R, kOpt>(current, view, c.target, smoothing), shared,
+          cluster_size, parity);
+      const GradCoefficients gc =
+          FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
+      if constexpr (kGrad) {
+        TileGrad<G, TileT, R, kOpt>(
+            current, view, static_cast<G*>(args.grad) + row * args.grad_stride,
+            gc, c);
+      }
+      current = next;
     }
-    const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
-    const GradCoefficients gc =
-        FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
-    if constexpr (kGrad) {
-      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-      // Tiles are revisited last-first so that the tile still in registers goes
-      // first.
-      for (int t = tiles - 1; t >= 0; --t) {
+  } else {
+    for (int64_t row = cluster_id; row < args.rows;
+         row += clusters, parity ^= 1) {
+      const T* logits_row = logits_of(row);
+      RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      TileT tile;
+      RowStats stats = IdentityStats();
+      for (int t = 0; t < tiles; ++t) {
         view.first = t * tile_pieces + first0;
-        if (t != tiles - 1)
-          tile.Load(logits_row, view.vocab, view.first, stride);
-        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+        tile.Load(logits_row, view.vocab, view.first, stride);
+        stats = Combine(
+            stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+      }
+      const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
+      const GradCoefficients gc =
+          FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
+      if constexpr (kGrad) {
+        G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+        // Tiles are revisited last-first so that the tile still in registers
+        // goes first.
+        for (int t = tiles - 1; t >= 0; --t) {
+          view.first = t * tile_pieces + first0;
+          if (t != tiles - 1)
+            tile.Load(logits_row, view.vocab, view.first, stride);
+          TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+        }
       }
     }
   }
@@ -1179,8 +1212,23 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
   // bound.
   constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
   const int64_t vecs = (args.vocab + kW - 1) / kW;
-  const RowLaunch launch = ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
-  auto kernel = RowKernel<T, G, R, kVec, kGrad, kOpt>;
+  // The prefetching variant holds two tiles of half as many pieces: the same
+  // registers for two rows. On the H200 it pays for fp32 rows that one CTA
+  // holds (fused, vocab 4096: 77 against 73% of copy; 8192: 79 against 78%)
+  // and loses where it doubles the cluster (32768: 65 against 78%) or for
+  // 16-bit logits. The bench's "cluster" variant keeps the other kernel.
+  constexpr bool kCanPrefetch = kVec && kGrad && sizeof(T) == 4;
+  constexpr int kPrefetchR = R / 2;
+  const RowLaunch prefetch_launch =
+      ChooseRowLaunch(vecs, kPrefetchR, DeviceMajor() >= 9);
+  const bool prefetch = kCanPrefetch && prefetch_launch.tiles == 1 &&
+                        prefetch_launch.cluster_size == 1 &&
+                        args.tune_kernel != kKernelCluster;
+  const RowLaunch launch =
+      prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
+  auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
+       kVec, kGrad, kOpt,
+       kCanPrefetch > : RowKernel<T, G, R, kVec, kGrad, kOpt, false>;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(launch.threads);
   config.stream = stream;
