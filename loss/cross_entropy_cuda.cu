@@ -377,6 +377,14 @@ struct Tile<T, R, true> {
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
                                        int stride) {
     const int full_vecs = vocab / kW;
+    if (first + (R - 1) * stride < full_vecs) {
+      // Every piece is whole (most threads of most tiles): no per-piece tests.
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        raw[r] =
+            __ldcs(reinterpret_cast<const uint4*>(row) + first + r * stride);
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int vec = first + r * stride;
@@ -427,6 +435,16 @@ struct Tile<T, R, false> {
     x[0] = base < vocab ? v : NegInf();
   }
 };
+
+// The row's target as an int when it is a class of the row, else -1: the
+// per-piece "does this piece hold the target" test is then one 32-bit
+// compare (an ignored or out-of-range target matches no piece; its row's loss
+// and gradient do not read the target's logit).
+__device__ __forceinline__ int TargetInRow(int64_t target, int vocab) {
+  return static_cast<uint64_t>(target) < static_cast<uint64_t>(vocab)
+             ? static_cast<int>(target)
+             : -1;
+}
 
 // Everything a tile pass needs to know about its row.
 struct RowView {
@@ -572,18 +590,19 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       for (int j = 0; j < kW; ++j) nan_probe += x[j] != x[j] ? x[j] : 0.0f;
     }
   }
+  const int target_in_row = TargetInRow(target, view.vocab);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
-    if (static_cast<uint64_t>(target - base) >= static_cast<uint64_t>(kW) &&
-        !smoothing)
-      continue;
+    const bool holds_target =
+        static_cast<unsigned>(target_in_row - base) < static_cast<unsigned>(kW);
+    if (!holds_target && !smoothing) continue;
     float x[kW];
     tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
-    if (static_cast<uint64_t>(target - base) < static_cast<uint64_t>(kW)) {
+    if (holds_target) {
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        if (base + j == target) s.target_logit = x[j];
+        if (base + j == target_in_row) s.target_logit = x[j];
       }
     }
     if (smoothing) {
@@ -612,6 +631,7 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   const float inv_cap = kOpt ? view.inv_cap : 0.0f;
   const float* weights = kOpt ? view.weights : nullptr;
   const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
+  const int target_in_row = TargetInRow(c.target, view.vocab);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
@@ -629,12 +649,13 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
         g[j] -= smooth_w * w;
       }
     }
-    if (static_cast<uint64_t>(c.target - base) < static_cast<uint64_t>(kW)) {
+    if (static_cast<unsigned>(target_in_row - base) <
+        static_cast<unsigned>(kW)) {
       // The target's p - 1 through expm1, exact when p is near 1 (one element a
       // row).
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        if (base + j == c.target) {
+        if (base + j == target_in_row) {
           const float w = weights != nullptr ? weights[base + j] : 1.0f;
           g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
                  (gc.coef - gc.target_coef) - smooth_w * w;
