@@ -914,27 +914,73 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
                args.softcap,
                args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
                args.class_weights};
-  for (int64_t row = warp; row < args.rows; row += warps) {
-    const T* logits_row =
-        static_cast<const T*>(args.logits) + row * args.logits_stride;
-    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
-    RowStats stats = IdentityStats();
-    for (int first = lane; first < vecs; first += 32 * R) {
-      TileT tile;
-      view.first = first;
-      tile.Load(logits_row, vocab, first, 32);
-      stats = Combine(
-          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+  auto logits_of = [&](int64_t row) {
+    return static_cast<const T*>(args.logits) + row * args.logits_stride;
+  };
+  if constexpr (!kGrad && kVec && sizeof(T) == 4) {
+    // The fp32 forward walks a warp's rows as one sequence of tiles of half
+    // the pieces, and loads the next tile (of this row or of the next one)
+    // before it reduces the current one: HBM keeps streaming through each
+    // row's warp reduction and loss, which matter most for short rows.
+    constexpr int kHalf = R / 2;
+    using HalfTile = Tile<T, kHalf, true>;
+    constexpr int kTileVecs = 32 * kHalf;
+    const int tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
+    int64_t row = warp;
+    int t = 0;  // the current tile of the row, the same in every lane
+    HalfTile current;
+    RowCoefficients c{};
+    if (row < args.rows) {
+      current.Load(logits_of(row), vocab, lane, 32);
+      c = MakeCoefficients(args, row, false, MeanScales{});
     }
-    const RowStats total = WarpReduce(stats);
-    const GradCoefficients gc = FinishRow(args, row, c, total, lane == 0, scan);
-    if constexpr (kGrad) {
-      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    RowStats stats = IdentityStats();
+    while (row < args.rows) {
+      int64_t next_row = row;
+      int next_t = t + 1;
+      if (next_t == tiles_per_row) {
+        next_row = row + warps;
+        next_t = 0;
+      }
+      HalfTile next;
+      if (next_row < args.rows)
+        next.Load(logits_of(next_row), vocab, lane + next_t * kTileVecs, 32);
+      view.first = lane + t * kTileVecs;
+      stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt>(
+                                 current, view, c.target, smoothing));
+      if (next_t == 0) {
+        FinishRow(args, row, c, WarpReduce(stats), lane == 0, scan);
+        stats = IdentityStats();
+        if (next_row < args.rows)
+          c = MakeCoefficients(args, next_row, false, MeanScales{});
+      }
+      current = next;
+      row = next_row;
+      t = next_t;
+    }
+  } else {
+    for (int64_t row = warp; row < args.rows; row += warps) {
+      const T* logits_row = logits_of(row);
+      RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      RowStats stats = IdentityStats();
       for (int first = lane; first < vecs; first += 32 * R) {
         TileT tile;
         view.first = first;
         tile.Load(logits_row, vocab, first, 32);
-        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+        stats = Combine(
+            stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+      }
+      const RowStats total = WarpReduce(stats);
+      const GradCoefficients gc =
+          FinishRow(args, row, c, total, lane == 0, scan);
+      if constexpr (kGrad) {
+        G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+        for (int first = lane; first < vecs; first += 32 * R) {
+          TileT tile;
+          view.first = first;
+          tile.Load(logits_row, vocab, first, 32);
+          TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+        }
       }
     }
   }
