@@ -3,6 +3,8 @@
 // - WarpRowKernel (forward): a warp streams each row with 16-byte loads, eight
 //   pieces per lane in flight, online max/sum per lane and a shuffle
 //   reduction: no block barriers, a persistent grid, one read of the logits.
+//   For fp32 the next tile (of the row or the next row) is loaded before the
+//   current one is reduced.
 // - RowKernel (fused forward+backward): a row is split over a thread-block
 //   cluster of C CTAs (C = 1 up to 4096 16-byte pieces) and held in
 //   registers; statistics are reduced in the warp, the block and the cluster
