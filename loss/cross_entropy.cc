@@ -304,12 +304,16 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
       DTypeSize(logits.dtype) == 2 && problem.vocab >= kTwoPassVocab;
   ce::RowArgs rows = args;
   if (two_pass) {
+    // The forward saves each row's max and log1p(rest) for the backward (in
+    // the workspace, after the per-token losses): from those, the target's
+    // p - 1 keeps its precision when p is near 1, which a float lse loses.
     rows.grad = nullptr;
-    if (rows.lse == nullptr) {
-      rows.lse = reinterpret_cast<float*>(
-          reinterpret_cast<char*>(row_loss) +
-          AlignUp(problem.tokens * static_cast<int64_t>(sizeof(float))));
-    }
+    const int64_t row_floats =
+        AlignUp(problem.tokens * static_cast<int64_t>(sizeof(float)));
+    rows.row_max = reinterpret_cast<float*>(reinterpret_cast<char*>(row_loss) +
+                                            row_floats);
+    rows.row_log_sum = reinterpret_cast<float*>(
+        reinterpret_cast<char*>(rows.row_max) + row_floats);
   }
   CUDA_RETURN_IF_ERROR(ce::LaunchRows(rows, num_sms, stream));
   if (reduce)
@@ -318,7 +322,8 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
                                            stream, /*follows_rows=*/true));
   if (two_pass) {
     ce::RowArgs backward = args;
-    backward.lse = rows.lse;
+    backward.row_max = rows.row_max;
+    backward.row_log_sum = rows.row_log_sum;
     backward.follows_scan = false;
     CUDA_RETURN_IF_ERROR(ce::LaunchBackward(backward, num_sms, stream));
   }
@@ -334,9 +339,9 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
 int64_t CrossEntropyWorkspaceBytes(int64_t tokens, int64_t vocab) {
   (void)vocab;
   // The target scan's stats, the per-token losses and the two-pass fused
-  // call's lse.
+  // call's row maxima and log sums.
   return AlignUp(sizeof(ce::TargetStats)) +
-         2 * AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
+         3 * AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
 }
 
 absl::Status CrossEntropyForward(Context& context, const Tensor& logits,

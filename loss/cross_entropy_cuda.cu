@@ -161,6 +161,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // summed by a butterfly (the same bits in every lane). Lanes whose max is the
 // warp's keep their "rest" and add their exact 1s as a count, so the sum keeps
 // its precision when one logit dominates.
+// kWeighted: the label-smoothing sum is reduced too (kOpt kernels only).
+template <bool kWeighted = true>
 __device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
   float max = stats.max;
 #pragma unroll
@@ -180,7 +182,8 @@ __device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     rest += __shfl_xor_sync(kFullMask, rest, offset);
     target_logit += __shfl_xor_sync(kFullMask, target_logit, offset);
-    weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
+    if (kWeighted)
+      weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
   }
   return RowStats{max, rest + static_cast<float>(__popc(tie_lanes) - 1),
                   target_logit, weighted_sum};
@@ -307,6 +310,21 @@ MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
   return g;
 }
 
+// The gradient's coefficients of a backward from saved statistics: the row's
+// max and log1p(rest) where the forward saved them (RowArgs::row_max, the
+// fused call's two passes: exact for p near 1), else its lse (shift = lse).
+__device__ __forceinline__ GradCoefficients
+SavedGradCoefficients(const RowArgs& args, int64_t row,
+                      const RowCoefficients& c, float weight_total) {
+  if (args.row_max != nullptr) {
+    const float max = args.row_max[row], log_sum = args.row_log_sum[row];
+    return MakeGradCoefficients(args, c, max + log_sum, weight_total, max,
+                                log_sum);
+  }
+  const float lse = args.lse[row];
+  return MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+}
+
 // Writes the row's loss (scaled for the mean) and lse; one thread per row calls
 // it.
 __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
@@ -413,12 +431,27 @@ struct Tile<T, R, true> {
                                          float (&x)[kW]) const {
     UnpackVec<T, kW>(raw[r], base, vocab, softcap, inv_cap, x);
   }
+  // Piece r as four floats, as stored (fp32 tiles only).
+  __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
+    static_assert(sizeof(T) == 4, "only fp32 tiles hold floats");
+    x[0] = __uint_as_float(raw[r].x);
+    x[1] = __uint_as_float(raw[r].y);
+    x[2] = __uint_as_float(raw[r].z);
+    x[3] = __uint_as_float(raw[r].w);
+  }
+  // Overwrites piece r with four floats (fp32 tiles only).
+  __device__ __forceinline__ void Store(int r, const float (&x)[kW]) {
+    static_assert(sizeof(T) == 4, "only fp32 tiles hold floats");
+    raw[r] = make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                        __float_as_uint(x[2]), __float_as_uint(x[3]));
+  }
 };
 
 template <typename T, int R>
 struct Tile<T, R, false> {
   static constexpr int kW = 1;
   static constexpr bool kPackedMax = false;
+  using Element = T;
   float value[R];
 
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
@@ -519,12 +552,54 @@ __device__ __forceinline__ void PackedMax(const TileT& tile,
   }
 }
 
+// The reference a thread's fast exponential sum is taken against: its max,
+// 0 for a thread of only -inf (its terms are then 0, or NaN from a NaN), and
+// the largest float for one holding +inf (whose term is then +inf: its row's
+// lse is +inf, as the exact pass has it).
+__device__ __forceinline__ float ExpReference(float thread_max) {
+  return thread_max == NegInf() ? 0.0f : fminf(thread_max, 3.402823466e38f);
+}
+
+// A fast sum (the max's 1 included) gives rest = sum - 1 to within a few
+// float roundings of 1 + rest: precise while rest >= 1. Below that one logit
+// holds more than half of the row's probability, and the row takes the exact
+// pass, which leaves the max's 1 out. The same in every thread of the row.
+__device__ __forceinline__ bool RowNeedsExactPass(const RowStats& total) {
+  return !(total.rest >= 1.0f);
+}
+
+// Sum of exp(x - ref) over a tile (no soft cap: the kOpt=false case), in four
+// independent accumulators. (x - ref) is formed before the scaling by log2(e),
+// so that the largest terms are exact. kKeep (fp32 tiles only) writes each
+// exponential over its logit, for a gradient of one multiply a logit.
+template <int R, bool kKeep, typename TileT>
+__device__ __forceinline__ float TileExpSum(TileT& tile, const RowView& view,
+                                            float ref) {
+  constexpr int kW = TileT::kW;
+  float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float x[kW];
+    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, 0.0f, 0.0f,
+                x);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      x[j] = FastExp2((x[j] - ref) * kLog2e);
+      sum_part[(r * kW + j) % 4] += x[j];
+    }
+    if constexpr (kKeep) tile.Store(r, x);
+  }
+  return (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]);
+}
+
 // This thread's statistics of one tile: its max, then the sum of exp relative
 // to it. Four independent accumulators break the dependency chains (a 16-bit
 // tile holds 64 values).
 // kOpt: soft cap, label smoothing or class weights may be on; without it they
 // are compiled out of the common case.
-template <typename TileT, int R, bool kOpt>
+// kFastSum (without kOpt): the exponential sum without a tie test a logit;
+// rows whose max dominates then need the exact pass (RowNeedsExactPass).
+template <typename TileT, int R, bool kOpt, bool kFastSum = false>
 __device__ __forceinline__ RowStats TileStats(const TileT& tile,
                                               const RowView& view,
                                               int64_t target, bool smoothing) {
@@ -566,7 +641,13 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       0.0f;  // fmaxf drops NaN; an all-NaN tile must still poison the sum
   float ties =
       0.0f;  // elements equal to the max: their exact 1s are counted apart
-  if (s.max != NegInf()) {
+  // kFastSum: the sum with the max's own exact 1 in it, one exponential and
+  // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
+  // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
+  constexpr bool kFast = !kOpt && kFastSum;
+  if (kFast) {
+    s.rest = TileExpSum<R, false>(tile, view, ExpReference(s.max)) - 1.0f;
+  } else if (s.max != NegInf()) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float x[kW];
@@ -616,9 +697,11 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       }
     }
   }
-  const float others =
-      (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]) + nan_probe;
-  s.rest = s.max == NegInf() ? -1.0f + nan_probe : others + (ties - 1.0f);
+  if (!kFast) {
+    const float others =
+        (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]) + nan_probe;
+    s.rest = s.max == NegInf() ? -1.0f + nan_probe : others + (ties - 1.0f);
+  }
   return s;
 }
 
@@ -689,6 +772,127 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   }
 }
 
+// The fused fp32 pass without options, in one exponential a logit: the
+// tile's logits are replaced by e = exp(x - ref) (ref: the thread's max), and
+// the gradient is then p = e * exp(ref - lse), one multiply a logit. A row
+// whose max dominates (RowNeedsExactPass) takes its exact "rest" (the sum
+// without the max's own 1) from the kept e (ExactRestFromExp). Non-finite
+// logits give what the exact pass gives (TileStats and TileGrad).
+struct ExpTileStats {
+  RowStats stats;
+  float ref;  // the thread's max (-inf: its e are all 0)
+};
+
+template <typename TileT, int R>
+__device__ __forceinline__ ExpTileStats TileStatsKeepExp(TileT& tile,
+                                                         const RowView& view,
+                                                         int64_t target) {
+  constexpr int kW = TileT::kW;
+  static_assert(kW == 4, "fp32 tiles only");
+  float max_part[4] = {NegInf(), NegInf(), NegInf(), NegInf()};
+  float target_logit = 0.0f;
+  const int target_in_row = TargetInRow(target, view.vocab);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, 0.0f, 0.0f, x);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) max_part[j] = fmaxf(max_part[j], x[j]);
+    // The target's logit, before the exponentials replace it.
+    if (static_cast<unsigned>(target_in_row - base) <
+        static_cast<unsigned>(kW)) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == target_in_row) target_logit = x[j];
+      }
+    }
+  }
+  ExpTileStats out;
+  out.stats = IdentityStats();
+  out.stats.max =
+      fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
+  out.stats.target_logit = target_logit;
+  out.ref = out.stats.max;
+  out.stats.rest =
+      TileExpSum<R, true>(tile, view, ExpReference(out.stats.max)) - 1.0f;
+  return out;
+}
+
+// The exact "rest" of a thread whose tile holds e = exp(x - ref): the max's
+// term is the e that is exactly 1 (exp2 of an exact 0), and it and its ties
+// are counted apart from the others.
+template <typename TileT, int R>
+__device__ __forceinline__ float ExactRestFromExp(const TileT& tile,
+                                                  float thread_max) {
+  constexpr int kW = TileT::kW;
+  float others = 0.0f, ties = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float e[kW];
+    tile.Floats(r, e);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      const bool tie = e[j] == 1.0f;
+      ties += tie ? 1.0f : 0.0f;
+      others += tie ? 0.0f : e[j];
+    }
+  }
+  // A thread of only -inf has no max term (others is 0, or NaN from a NaN).
+  return thread_max == NegInf() ? others - 1.0f : others + (ties - 1.0f);
+}
+
+// The gradient of a tile whose logits were replaced by e = exp(x - ref).
+template <typename G, typename TileT, int R>
+__device__ __forceinline__ void TileGradFromExp(
+    const TileT& tile, const RowView& view, float ref, G* grad_row,
+    const GradCoefficients& gc, const RowCoefficients& c, float target_logit) {
+  constexpr int kW = TileT::kW;
+  // p = e * exp((ref - max) - log_sum), as the exact pass has it for every
+  // row: a thread with only -inf logits has e = 0 and p = 0, unless the row's
+  // sum is NaN or all of it is -inf (p NaN); a thread holding +inf has p NaN.
+  float scale;
+  if (ref == NegInf()) {
+    scale =
+        gc.shift == NegInf() || gc.log_sum != gc.log_sum ? QuietNaN() : 0.0f;
+  } else {
+    scale = gc.coef * FastExp2(((ref - gc.shift) - gc.log_sum) * kLog2e);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (base >= view.vocab) continue;
+    float g[kW];
+    tile.Floats(r, g);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) g[j] *= scale;
+    if (!c.valid_target) {
+      const float fill = c.ignored ? 0.0f : QuietNaN();
+#pragma unroll
+      for (int j = 0; j < kW; ++j) g[j] = fill;
+    }
+    if (base + kW <= view.vocab) {
+      StoreVec<G, kW>(grad_row + base, g);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j < view.vocab) grad_row[base + j] = FromFloat<G>(g[j]);
+      }
+    }
+  }
+  // The target's element again, from its logit: p - 1 through expm1, exact
+  // when p is near 1. The thread that stored its piece above writes it, so
+  // the two stores are ordered.
+  if (c.valid_target) {
+    const int piece = static_cast<int>(c.target) / kW - view.first;
+    if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
+      grad_row[c.target] = FromFloat<G>(
+          gc.coef * expm1f((target_logit - gc.shift) - gc.log_sum) +
+          (gc.coef - gc.target_coef));
+    }
+  }
+}
+
 // What a row kernel does once a row's statistics are reduced: reads the scan's
 // results at the first row (so that the first row's statistics overlap the
 // scan), scales the row's coefficients for the mean, writes the loss and lse
@@ -710,29 +914,36 @@ FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
   c.z_scale *= r.mean.z_inv;
   const float log_sum = log1pf(total.rest);
   const float lse = total.max + log_sum;
-  if (writer) WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
+  if (writer) {
+    WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
+    if (args.row_max != nullptr) {
+      args.row_max[row] = total.max;
+      args.row_log_sum[row] = log_sum;
+    }
+  }
   return MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
 }
 
 struct RowShared {
   RowStats warp_stats[kMaxThreads / 32];
-  RowStats
-      cluster_slot[2];  // this CTA's partial, double-buffered by row parity
+  RowStats cluster_slot[2];  // this CTA's partial, double-buffered by the
+                             // parity of the reduction
   RowStats row_final;
 };
 
 // Block (and cluster) reduction of per-thread stats; every thread gets the
 // row's stats.
+template <bool kWeighted>
 __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
-                                              int cluster_size, int parity) {
+                                              int cluster_size, int& parity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
             warps = blockDim.x >> 5;
-  stats = WarpReduce(stats);
+  stats = WarpReduce<kWeighted>(stats);
   if (lane == 0) shared.warp_stats[warp] = stats;
   __syncthreads();
   if (warp == 0) {
     RowStats block = lane < warps ? shared.warp_stats[lane] : IdentityStats();
-    block = WarpReduce(block);
+    block = WarpReduce<kWeighted>(block);
     if (cluster_size == 1) {
       if (lane == 0) shared.row_final = block;
     } else {
@@ -747,24 +958,102 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
       RowStats part = IdentityStats();
       if (lane < cluster_size)
         part = *cluster.map_shared_rank(&shared.cluster_slot[parity], lane);
-      part = WarpReduce(part);
+      part = WarpReduce<kWeighted>(part);
       if (lane == 0) shared.row_final = part;
     }
   }
 #endif
   __syncthreads();
+  parity ^= 1;
   return shared.row_final;
+}
+
+// One row of a register kernel whose tile holds the whole row (tiles == 1):
+// statistics, loss and gradient from the registers. fp32 rows without options
+// take one exponential a logit (TileStatsKeepExp).
+template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
+__device__ __forceinline__ void RowFromRegisters(
+    const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
+    const T* logits_row, RowCoefficients& c, bool smoothing, RowShared& shared,
+    int cluster_size, int& parity, bool writer, ScanState& scan) {
+  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+  constexpr bool kKeepExp =
+      kGrad && !kOpt && TileT::kW == 4 && sizeof(typename TileT::Element) == 4;
+  if constexpr (kKeepExp) {
+    ExpTileStats part = TileStatsKeepExp<TileT, R>(tile, view, c.target);
+    RowStats total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+    if (RowNeedsExactPass(total)) {
+      part.stats.rest = ExactRestFromExp<TileT, R>(tile, part.ref);
+      total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+    }
+    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+    TileGradFromExp<G, TileT, R>(tile, view, part.ref, grad_row, gc, c,
+                                 total.target_logit);
+    return;
+  }
+  const RowStats total = ReduceRow<kOpt>(
+      TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
+      cluster_size, parity);
+  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  if constexpr (kGrad) TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+}
+
+// Rows longer than the cluster's registers hold: tiles of each are read for the
+// statistics, then again for the gradient (the last one still in registers).
+// (RowKernel's kRowsTiled mode.)
+template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
+__device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
+                                              RowShared& shared,
+                                              int cluster_size, int tiles,
+                                              int rank, ScanState& scan) {
+  const int64_t cluster_id = blockIdx.x / cluster_size;
+  const int64_t clusters = gridDim.x / cluster_size;
+  const int first0 = rank * blockDim.x + threadIdx.x;
+  const int tile_pieces = view.stride * R;
+  const bool smoothing = args.label_smoothing > 0.0f;
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  int parity = 0;
+  for (int64_t row = cluster_id; row < args.rows; row += clusters) {
+    const T* logits_row =
+        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+    TileT tile;
+    RowStats stats = IdentityStats();
+    for (int t = 0; t < tiles; ++t) {
+      view.first = t * tile_pieces + first0;
+      tile.Load(logits_row, view.vocab, view.first, view.stride);
+      stats = Combine(
+          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+    }
+    const RowStats total = ReduceRow<kOpt>(stats, shared, cluster_size, parity);
+    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+    if constexpr (kGrad) {
+      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+      // Tiles are revisited last-first so that the tile still in registers
+      // goes first.
+      for (int t = tiles - 1; t >= 0; --t) {
+        view.first = t * tile_pieces + first0;
+        if (t != tiles - 1)
+          tile.Load(logits_row, view.vocab, view.first, view.stride);
+        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+      }
+    }
+  }
 }
 
 // Register kernel (fused forward+backward): one row per cluster at a time, held
 // in the registers of the cluster's threads (kPieces 16-byte pieces each)
 // between the reduction and the gradient, so it is read once. `tiles` > 1 only
 // for rows longer than the cluster holds (those are read twice).
-// kPrefetch (tiles == 1 only): each thread holds two rows' pieces and loads
+// kMode: kRowsOneTile (the row fits, tiles == 1), kRowsTiled (it does not),
+// or kRowsPrefetch (tiles == 1: each thread holds two rows' pieces and loads
 // the cluster's next row before it reduces the current one, so the loads of
-// a CTA never wait for its reductions, barriers and stores.
+// a CTA never wait for its reductions, barriers and stores). One kernel each,
+// so that no mode's registers weigh on another's.
+enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
+
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
-          bool kPrefetch>
+          int kMode>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles) {
   using TileT = Tile<T, R, kVec>;
@@ -775,12 +1064,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int64_t clusters = gridDim.x / cluster_size;
   const int stride =
       cluster_size * blockDim.x;  // pieces between a thread's registers
-  const int tile_pieces = stride * R;
   const bool smoothing = args.label_smoothing > 0.0f;
   // The scan's results are read after the first row's statistics, which so
   // overlap the scan; a dependent (the final sum) may launch now.
   LetDependentGridsLaunch();
-  ScanState scan;
   RowView view{static_cast<int>(args.vocab),
                0,
                stride,
@@ -789,61 +1076,40 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
                args.class_weights};
   const int first0 = rank * blockDim.x + threadIdx.x;
   int parity = 0;
+  ScanState scan;
   auto logits_of = [&](int64_t row) {
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
 
-  if constexpr (kPrefetch) {
+  if constexpr (kMode == kRowsPrefetch) {
     TileT current;
     if (cluster_id < args.rows)
       current.Load(logits_of(cluster_id), view.vocab, first0, stride);
-    for (int64_t row = cluster_id; row < args.rows;
-         row += clusters, parity ^= 1) {
+    for (int64_t row = cluster_id; row < args.rows; row += clusters) {
       // The cluster's next row is on its way before this one is reduced.
       TileT next;
       if (row + clusters < args.rows)
         next.Load(logits_of(row + clusters), view.vocab, first0, stride);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
-      const RowStats total = ReduceRow(
-          TileStats<TileT, R, kOpt>(current, view, c.target, smoothing), shared,
-          cluster_size, parity);
-      const GradCoefficients gc =
-          FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
-      if constexpr (kGrad) {
-        TileGrad<G, TileT, R, kOpt>(
-            current, view, static_cast<G*>(args.grad) + row * args.grad_stride,
-            gc, c);
-      }
+      RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
+          args, row, current, view, logits_of(row), c, smoothing, shared,
+          cluster_size, parity, rank == 0 && threadIdx.x == 0, scan);
       current = next;
     }
+  } else if constexpr (kMode == kRowsTiled) {
+    MultiTileRows<T, G, TileT, R, kGrad, kOpt>(args, view, shared, cluster_size,
+                                               tiles, rank, scan);
   } else {
-    for (int64_t row = cluster_id; row < args.rows;
-         row += clusters, parity ^= 1) {
+    for (int64_t row = cluster_id; row < args.rows; row += clusters) {
       const T* logits_row = logits_of(row);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       TileT tile;
-      RowStats stats = IdentityStats();
-      for (int t = 0; t < tiles; ++t) {
-        view.first = t * tile_pieces + first0;
-        tile.Load(logits_row, view.vocab, view.first, stride);
-        stats = Combine(
-            stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
-      }
-      const RowStats total = ReduceRow(stats, shared, cluster_size, parity);
-      const GradCoefficients gc =
-          FinishRow(args, row, c, total, rank == 0 && threadIdx.x == 0, scan);
-      if constexpr (kGrad) {
-        G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-        // Tiles are revisited last-first so that the tile still in registers
-        // goes first.
-        for (int t = tiles - 1; t >= 0; --t) {
-          view.first = t * tile_pieces + first0;
-          if (t != tiles - 1)
-            tile.Load(logits_row, view.vocab, view.first, stride);
-          TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
-        }
-      }
+      view.first = first0;
+      tile.Load(logits_row, view.vocab, view.first, stride);
+      RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
+          args, row, tile, view, logits_row, c, smoothing, shared, cluster_size,
+          parity, rank == 0 && threadIdx.x == 0, scan);
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -872,9 +1138,8 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
                args.class_weights};
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
     const RowCoefficients c = MakeCoefficients(args, row, true, mean);
-    const float lse = args.lse[row];
     const GradCoefficients gc =
-        MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+        SavedGradCoefficients(args, row, c, weight_total);
     const T* logits_row =
         static_cast<const T*>(args.logits) + row * args.logits_stride;
     G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
@@ -885,6 +1150,27 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
       TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
     }
   }
+}
+
+// The exact statistics of a row that a warp streams again: for rows whose
+// max dominates, after the fast sum (RowNeedsExactPass). Such rows were just
+// read, so this read mostly hits L2.
+template <typename TileT, int R, bool kOpt, typename T>
+__device__ __noinline__ RowStats ExactWarpRowStats(const T* logits_row,
+                                                   RowView view, int64_t target,
+                                                   bool smoothing, int lane) {
+  constexpr int kW = TileT::kW;
+  const int vecs = (view.vocab + kW - 1) / kW;
+  view.stride = 32;
+  RowStats stats = IdentityStats();
+  for (int first = lane; first < vecs; first += 32 * R) {
+    TileT tile;
+    view.first = first;
+    tile.Load(logits_row, view.vocab, first, 32);
+    stats = Combine(stats,
+                    TileStats<TileT, R, kOpt>(tile, view, target, smoothing));
+  }
+  return WarpReduce<kOpt>(stats);
 }
 
 // Warp-per-row kernel (forward): each warp streams whole rows, 8 pieces per
@@ -919,6 +1205,13 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   auto logits_of = [&](int64_t row) {
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
+  // The 16-bit forward, issue-bound on its two logits a 32-bit word, takes
+  // the fast exponential sum (one exponential and add a logit, no tie test),
+  // and streams again the rare rows whose max dominates. On the H200 that
+  // took it from 75 to 87% of copy at vocab 131072; the fp32 forward, closer
+  // to the memory bound, lost with it at small vocabularies (81 against 76 us
+  // at 4096) and keeps the exact sum.
+  constexpr bool kFastSum = !kGrad && !kOpt && sizeof(T) == 2;
   if constexpr (!kGrad && kVec && sizeof(T) == 4) {
     // The fp32 forward walks a warp's rows as one sequence of tiles of half
     // the pieces, and loads the next tile (of this row or of the next one)
@@ -951,7 +1244,7 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
       stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt>(
                                  current, view, c.target, smoothing));
       if (next_t == 0) {
-        FinishRow(args, row, c, WarpReduce(stats), lane == 0, scan);
+        FinishRow(args, row, c, WarpReduce<kOpt>(stats), lane == 0, scan);
         stats = IdentityStats();
         if (next_row < args.rows)
           c = MakeCoefficients(args, next_row, false, MeanScales{});
@@ -969,10 +1262,14 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
         TileT tile;
         view.first = first;
         tile.Load(logits_row, vocab, first, 32);
-        stats = Combine(
-            stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+        stats = Combine(stats, TileStats<TileT, R, kOpt, kFastSum>(
+                                   tile, view, c.target, smoothing));
       }
-      const RowStats total = WarpReduce(stats);
+      RowStats total = WarpReduce<kOpt>(stats);
+      if (kFastSum && RowNeedsExactPass(total)) {
+        total = ExactWarpRowStats<TileT, R, kOpt>(logits_row, view, c.target,
+                                                  smoothing, lane);
+      }
       const GradCoefficients gc =
           FinishRow(args, row, c, total, lane == 0, scan);
       if constexpr (kGrad) {
@@ -1108,9 +1405,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     const uint4* pieces =
         stage_memory + static_cast<int>(k % stages) * stage_size + threadIdx.x;
     const RowCoefficients c = MakeCoefficients(args, row, true, mean);
-    const float lse = args.lse[row];
     const GradCoefficients gc =
-        MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+        SavedGradCoefficients(args, row, c, weight_total);
     G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
     // One piece at a time: shared memory holds the row, so nothing gains from
     // unrolling.
@@ -1297,7 +1593,9 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
       prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
   auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
        kVec, kGrad, kOpt,
-       kCanPrefetch > : RowKernel<T, G, R, kVec, kGrad, kOpt, false>;
+       kCanPrefetch ? kRowsPrefetch : kRowsOneTile >
+      : launch.tiles > 1 ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled>
+                         : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile>;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(launch.threads);
   config.stream = stream;

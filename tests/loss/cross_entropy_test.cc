@@ -1214,45 +1214,57 @@ TEST_P(CrossEntropyTest, UnvalidatedOutOfRangeTargetsGiveNaN) {
 // target gradient
 // (~ -delta) keep their relative precision; computed as lse - z_t in f32 they
 // would not.
+// Both vocabularies and both calls: the fused call's one-CTA and cluster
+// kernels and the forward's streaming kernel each redo such rows exactly.
 TEST_P(CrossEntropyTest, NearCertainTargetsKeepPrecision) {
   std::mt19937_64 rng(test::TestSeed());
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(DTypeName(dtype));
-    Problem p = EmptyProblem(dtype, DType::kI64, 4, 8192);
-    FillRandom(p, rng);
-    p.options.reduction = Reduction::kNone;
-    for (int64_t i = 0; i < p.tokens; ++i) {
-      double* row = p.logits.data() + i * p.vocab;
-      row[p.targets[i]] = -kInf;
-      double rest = 0.0;  // log sum of the other exps
-      const double max = *std::max_element(row, row + p.vocab);
-      for (int64_t j = 0; j < p.vocab; ++j) rest += std::exp(row[j] - max);
-      rest = max + std::log(rest);
-      const double delta = std::pow(10.0, -1.0 - 2.0 * i);  // 1e-1 ... 1e-7
-      row[p.targets[i]] =
-          RoundTo(dtype, static_cast<float>(rest - std::log(delta)));
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (int64_t vocab : {8192, 40000}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " vocab ", vocab));
+      Problem p = EmptyProblem(dtype, DType::kI64, 4, vocab);
+      FillRandom(p, rng);
+      p.options.reduction = Reduction::kNone;
+      for (int64_t i = 0; i < p.tokens; ++i) {
+        double* row = p.logits.data() + i * p.vocab;
+        row[p.targets[i]] = -kInf;
+        double rest = 0.0;  // log sum of the other exps
+        const double max = *std::max_element(row, row + p.vocab);
+        for (int64_t j = 0; j < p.vocab; ++j) rest += std::exp(row[j] - max);
+        rest = max + std::log(rest);
+        const double delta = std::pow(10.0, -1.0 - 2.0 * i);  // 1e-1 ... 1e-7
+        row[p.targets[i]] =
+            RoundTo(dtype, static_cast<float>(rest - std::log(delta)));
+      }
+      absl::StatusOr<std::unique_ptr<Harness>> created =
+          Harness::Create(device(), p);
+      ASSERT_OK(created.status());
+      Harness& h = **created;
+      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
+                                            h.options, h.loss, &h.lse, h.grad));
+      ASSERT_OK(h.DownloadOutputs());
+      const ReferenceResult ref = Reference(p);
+      for (int64_t i = 0; i < p.tokens; ++i) {
+        const double loss = h.LossValues()[i];
+        const double grad_t =
+            LoadFloat(dtype, h.grad_image(), p.Index(i, p.targets[i]));
+        const double ref_grad_t = ref.grad[i * p.vocab + p.targets[i]];
+        EXPECT_NEAR(loss, ref.token_loss[i], 1e-5 * ref.token_loss[i])
+            << "token " << i << " (1 - p_t = " << -ref_grad_t << ", lse "
+            << ref.lse[i] << ")";
+        EXPECT_NEAR(grad_t, ref_grad_t,
+                    1e-5 * std::fabs(ref_grad_t) + Ulp(dtype, ref_grad_t))
+            << "token " << i << " (lse " << ref.lse[i] << ")";
+      }
+      // The forward alone (another kernel) keeps the same precision.
+      ASSERT_OK(CrossEntropyForward(h.context(), h.logits, h.targets, h.options,
+                                    h.loss, &h.lse));
+      ASSERT_OK(h.DownloadOutputs());
+      for (int64_t i = 0; i < p.tokens; ++i) {
+        EXPECT_NEAR(h.LossValues()[i], ref.token_loss[i],
+                    1e-5 * ref.token_loss[i])
+            << "forward, token " << i;
+      }
     }
-    absl::StatusOr<std::unique_ptr<Harness>> created =
-        Harness::Create(device(), p);
-    ASSERT_OK(created.status());
-    Harness& h = **created;
-    ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                          h.options, h.loss, &h.lse, h.grad));
-    ASSERT_OK(h.DownloadOutputs());
-    const ReferenceResult ref = Reference(p);
-    for (int64_t i = 0; i < p.tokens; ++i) {
-      const double loss = h.LossValues()[i];
-      const double grad_t =
-          LoadFloat(dtype, h.grad_image(), p.Index(i, p.targets[i]));
-      const double ref_grad_t = ref.grad[i * p.vocab + p.targets[i]];
-      EXPECT_NEAR(loss, ref.token_loss[i], 1e-5 * ref.token_loss[i])
-          << "token " << i << " (1 - p_t = " << -ref_grad_t << ", lse "
-          << ref.lse[i] << ")";
-      EXPECT_NEAR(grad_t, ref_grad_t,
-                  1e-5 * std::fabs(ref_grad_t) + Ulp(dtype, ref_grad_t))
-          << "token " << i << " (lse " << ref.lse[i] << ")";
-    }
-  }
 }
 
 // Calls that must fail with InvalidArgument and write nothing.
