@@ -974,8 +974,8 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
 __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
-    const T* logits_row, RowCoefficients& c, bool smoothing, RowShared& shared,
-    int cluster_size, int& parity, bool writer, ScanState& scan) {
+    RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
+    int& parity, bool writer, ScanState& scan) {
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
   constexpr bool kKeepExp =
       kGrad && !kOpt && TileT::kW == 4 && sizeof(typename TileT::Element) == 4;
@@ -991,6 +991,8 @@ __device__ __forceinline__ void RowFromRegisters(
                                  total.target_logit);
     return;
   }
+  // Other tiles keep the exact sum: the fast one and its redo spill 16-bit
+  // tiles, which hold raw pieces and unpack them on use.
   const RowStats total = ReduceRow<kOpt>(
       TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
       cluster_size, parity);
@@ -1093,8 +1095,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
       RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
-          args, row, current, view, logits_of(row), c, smoothing, shared,
-          cluster_size, parity, rank == 0 && threadIdx.x == 0, scan);
+          args, row, current, view, c, smoothing, shared, cluster_size, parity,
+          rank == 0 && threadIdx.x == 0, scan);
       current = next;
     }
   } else if constexpr (kMode == kRowsTiled) {
@@ -1108,8 +1110,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       view.first = first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
       RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
-          args, row, tile, view, logits_row, c, smoothing, shared, cluster_size,
-          parity, rank == 0 && threadIdx.x == 0, scan);
+          args, row, tile, view, c, smoothing, shared, cluster_size, parity,
+          rank == 0 && threadIdx.x == 0, scan);
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
