@@ -64,15 +64,11 @@ __global__ void __launch_bounds__(256)
   const int64_t item = piece / G;
   float sum = 0.0f;
   if (item < items) {
-    union Piece {
-      uint4 raw;
-      T elements[V];
-    } a, b;
-    a.raw = __ldg(reinterpret_cast<const uint4*>(out) + piece);
-    b.raw = __ldg(reinterpret_cast<const uint4*>(d_out) + piece);
+    float a[V], b[V];
+    cuda_chunks::LoadVectorAsFloats(out + piece * V, a);
+    cuda_chunks::LoadVectorAsFloats(d_out + piece * V, b);
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      sum += ToFloat(a.elements[k]) * ToFloat(b.elements[k]);
+    for (int k = 0; k < V; ++k) sum += a[k] * b[k];
   }
   // Every lane takes part (past-the-end ones with 0): the groups tile the warp.
 #pragma unroll

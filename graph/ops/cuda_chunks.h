@@ -1,6 +1,7 @@
 // Device helpers shared by the CUDA kernels of the graph's ops and optimizer:
-// f64/f32/bf16 conversions and 8-element chunks read and written as whole
-// 16-byte vectors where alignment allows. Internal; included by .cu files only.
+// f64/f32/bf16 conversions, 8-element chunks read and written as whole
+// 16-byte vectors where alignment allows, and single 16-byte vectors read as
+// floats. Internal; included by .cu files only.
 #ifndef LOSSRT_GRAPH_OPS_CUDA_CHUNKS_H_
 #define LOSSRT_GRAPH_OPS_CUDA_CHUNKS_H_
 
@@ -60,6 +61,18 @@ __device__ __forceinline__ void LoadChunk(const T* p, int64_t i, int64_t n,
       v[k] = i + k < n ? Convert<A>(p[i + k]) : A(0);
     }
   }
+}
+
+// The 16 / sizeof(T) elements of one 16-byte vector at p (16-byte aligned), as
+// floats, read through the read-only data cache.
+template <typename T>
+__device__ __forceinline__ void LoadVectorAsFloats(const T* p,
+                                                   float (&v)[16 / sizeof(T)]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const T* elements = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(16 / sizeof(T)); ++k)
+    v[k] = ToFloat(elements[k]);
 }
 
 // Stores the elements of v below n at p[i...], rounded to T.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "graph/ops/cuda_chunks.h"
 #include "graph/ops/linear_cuda.h"
 
 namespace lossrt {
@@ -15,10 +16,7 @@ constexpr int kRowLanes = 16;
 constexpr int kRowsPerChunk = 256;
 constexpr int kMaxChunks = 128;
 
-__device__ __forceinline__ float ToFloat(float value) { return value; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
+using cuda_chunks::ToFloat;
 
 // Block (x, y) sums columns [32 x, 32 x + 32) over the rows of chunk y:
 // thread (c, lane) takes rows lane, lane + 16, ... of the chunk (consecutive c
@@ -75,14 +73,11 @@ __global__ void __launch_bounds__(32 * kVecRowLanes)
 #pragma unroll 4
     for (int row = row_begin + threadIdx.y; row < row_end;
          row += kVecRowLanes) {
-      union {
-        uint4 raw;
-        T elements[V];
-      } data;
-      data.raw = __ldg(reinterpret_cast<const uint4*>(
-          values + static_cast<int64_t>(row) * cols + col));
+      float v[V];
+      cuda_chunks::LoadVectorAsFloats(
+          values + static_cast<int64_t>(row) * cols + col, v);
 #pragma unroll
-      for (int k = 0; k < V; ++k) sum[k] += ToFloat(data.elements[k]);
+      for (int k = 0; k < V; ++k) sum[k] += v[k];
     }
   }
 #pragma unroll
