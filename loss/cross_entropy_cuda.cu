@@ -4,16 +4,20 @@
 //   pieces per lane in flight, online max/sum per lane and a shuffle
 //   reduction: no block barriers, a persistent grid, one read of the logits.
 //   For fp32 the next tile (of the row or the next row) is loaded before the
-//   current one is reduced.
+//   current one is reduced. 16-bit logits, and fp32 from vocab 32768, take the
+//   fast exponential sum (no tie test a logit; RowNeedsExactPass rows, whose
+//   max holds over half the probability, are streamed again exactly).
 // - RowKernel (fused forward+backward): a row is split over a thread-block
 //   cluster of C CTAs (C = 1 up to 4096 16-byte pieces) and held in
 //   registers; statistics are reduced in the warp, the block and the cluster
 //   (distributed shared memory), and the gradient is written from the
-//   registers: one read, one write. Rows longer than a cluster holds are tiled
-//   and re-read. For fp32 rows one CTA holds, a variant loads the next row
-//   before reducing the current one.
-// - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (one
-//   read, one write).
+//   registers: one read, one write. fp32 rows keep exp(x - thread max) in
+//   place of the logits, so the gradient is one multiply a logit
+//   (TileStatsKeepExp). Rows longer than a cluster holds are tiled and
+//   re-read. For fp32 rows one CTA holds, a variant loads the next row before
+//   reducing the current one.
+// - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (or a
+//   saved max and log-sum: the fused call's two passes), one read, one write.
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
 //
 // Every reduction has a fixed shape and order, so results are bitwise
@@ -1158,9 +1162,11 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
 // max dominates, after the fast sum (RowNeedsExactPass). Such rows were just
 // read, so this read mostly hits L2.
 template <typename TileT, int R, bool kOpt, typename T>
-__device__ __noinline__ RowStats ExactWarpRowStats(const T* logits_row,
-                                                   RowView view, int64_t target,
-                                                   bool smoothing, int lane) {
+__device__ __forceinline__ RowStats ExactWarpRowStats(const T* logits_row,
+                                                      RowView view,
+                                                      int64_t target,
+                                                      bool smoothing,
+                                                      int lane) {
   constexpr int kW = TileT::kW;
   const int vecs = (view.vocab + kW - 1) / kW;
   view.stride = 32;
@@ -1180,7 +1186,8 @@ __device__ __noinline__ RowStats ExactWarpRowStats(const T* logits_row,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy. With kGrad the row is streamed a second time for the gradient
 // (kept for comparison in the benchmark's sweep).
-template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
+          bool kFastSum>
 __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   // 8 pieces of fp32 or 4 of 16-bit logits per lane: 32 values, so that the
   // unpacked floats stay in registers with three blocks (24 warps) per SM.
@@ -1207,13 +1214,6 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
   auto logits_of = [&](int64_t row) {
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
-  // The 16-bit forward, issue-bound on its two logits a 32-bit word, takes
-  // the fast exponential sum (one exponential and add a logit, no tie test),
-  // and streams again the rare rows whose max dominates. On the H200 that
-  // took it from 75 to 87% of copy at vocab 131072; the fp32 forward, closer
-  // to the memory bound, lost with it at small vocabularies (81 against 76 us
-  // at 4096) and keeps the exact sum.
-  constexpr bool kFastSum = !kGrad && !kOpt && sizeof(T) == 2;
   if constexpr (!kGrad && kVec && sizeof(T) == 4) {
     // The fp32 forward walks a warp's rows as one sequence of tiles of half
     // the pieces, and loads the next tile (of this row or of the next one)
@@ -1243,10 +1243,15 @@ __global__ void __launch_bounds__(256, 3) WarpRowKernel(RowArgs args) {
       if (next_row < args.rows)
         next.Load(logits_of(next_row), vocab, lane + next_t * kTileVecs, 32);
       view.first = lane + t * kTileVecs;
-      stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt>(
+      stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt, kFastSum>(
                                  current, view, c.target, smoothing));
       if (next_t == 0) {
-        FinishRow(args, row, c, WarpReduce<kOpt>(stats), lane == 0, scan);
+        RowStats total = WarpReduce<kOpt>(stats);
+        if (kFastSum && RowNeedsExactPass(total)) {
+          total = ExactWarpRowStats<HalfTile, kHalf, kOpt>(
+              logits_of(row), view, c.target, smoothing, lane);
+        }
+        FinishRow(args, row, c, total, lane == 0, scan);
         stats = IdentityStats();
         if (next_row < args.rows)
           c = MakeCoefficients(args, next_row, false, MeanScales{});
@@ -1687,10 +1692,21 @@ bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
   return ok;
 }
 
+// The forward without options takes the fast exponential sum (one exponential
+// and add a logit, no tie test; rows whose max dominates are streamed again
+// for the exact pass): 16-bit logits always (issue-bound on two logits a
+// 32-bit word: 75 -> 87% of copy at vocab 131072 on the H200), fp32 from
+// vocab 32768 (0.8% faster there, but 4-5% slower at 4096 and 8192).
+constexpr int64_t kFastSumF32Vocab = 32768;
+
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
-  auto kernel = WarpRowKernel<T, G, kVec, kGrad, kOpt>;
+  constexpr bool kCanFastSum = !kGrad && !kOpt;
+  const bool fast_sum =
+      kCanFastSum && (sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab);
+  auto kernel = fast_sum ? WarpRowKernel<T, G, kVec, kGrad, kOpt, kCanFastSum>
+                         : WarpRowKernel<T, G, kVec, kGrad, kOpt, false>;
   int per_sm = 0;
   cudaError_t error =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
