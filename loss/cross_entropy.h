@@ -55,7 +55,9 @@ struct CrossEntropyOptions {
 };
 
 // Loss (and, if `lse` is given, the per-token log-sum-exp to save for the
-// backward pass). Reads the logits once.
+// backward pass). Reads the logits once; on the GPU, a row where one logit
+// holds more than half of the probability is read a second time (mostly from
+// L2) for its exact log-sum-exp.
 absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
                                  const Tensor& targets,
                                  const CrossEntropyOptions& options,
