@@ -709,6 +709,28 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   return s;
 }
 
+// Stores the gradient of the piece at `base` (whole or the row's partial last
+// one). Ignored rows get zeros; an unvalidated out-of-range target poisons its
+// row (its loss is NaN too), as on the CPU.
+template <typename G, int kW>
+__device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
+                                               const RowCoefficients& c,
+                                               float (&g)[kW]) {
+  if (!c.valid_target) {
+    const float fill = c.ignored ? 0.0f : QuietNaN();
+#pragma unroll
+    for (int j = 0; j < kW; ++j) g[j] = fill;
+  }
+  if (base + kW <= vocab) {
+    StoreVec<G, kW>(grad_row + base, g);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      if (base + j < vocab) grad_row[base + j] = FromFloat<G>(g[j]);
+    }
+  }
+}
+
 // The gradient of one tile, written once in G.
 template <typename G, typename TileT, int R, bool kOpt>
 __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
@@ -758,21 +780,7 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
         g[j] *= 1.0f - t * t;
       }
     }
-    if (!c.valid_target) {
-      // Ignored rows get zeros; an unvalidated out-of-range target poisons its
-      // row (its loss is NaN too), as on the CPU.
-      const float fill = c.ignored ? 0.0f : QuietNaN();
-#pragma unroll
-      for (int j = 0; j < kW; ++j) g[j] = fill;
-    }
-    if (base + kW <= view.vocab) {
-      StoreVec<G, kW>(grad_row + base, g);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        if (base + j < view.vocab) grad_row[base + j] = FromFloat<G>(g[j]);
-      }
-    }
+    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
 }
 
@@ -870,19 +878,7 @@ __device__ __forceinline__ void TileGradFromExp(
     tile.Floats(r, g);
 #pragma unroll
     for (int j = 0; j < kW; ++j) g[j] *= scale;
-    if (!c.valid_target) {
-      const float fill = c.ignored ? 0.0f : QuietNaN();
-#pragma unroll
-      for (int j = 0; j < kW; ++j) g[j] = fill;
-    }
-    if (base + kW <= view.vocab) {
-      StoreVec<G, kW>(grad_row + base, g);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        if (base + j < view.vocab) grad_row[base + j] = FromFloat<G>(g[j]);
-      }
-    }
+    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
   // The target's element again, from its logit: p - 1 through expm1, exact
   // when p is near 1. The thread that stored its piece above writes it, so
