@@ -971,7 +971,7 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 // One row of a register kernel whose tile holds the whole row (tiles == 1):
 // statistics, loss and gradient from the registers. fp32 rows without options
 // take one exponential a logit (TileStatsKeepExp).
-template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
 __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
@@ -1094,7 +1094,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
         next.Load(logits_of(row + clusters), view.vocab, first0, stride);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
-      RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt>(
           args, row, current, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
       current = next;
@@ -1109,7 +1109,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       TileT tile;
       view.first = first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
-      RowFromRegisters<T, G, TileT, R, kGrad, kOpt>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt>(
           args, row, tile, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
     }
