@@ -280,7 +280,18 @@ void ProcessRows(const RowArgs& args, const CallConstants& k, int64_t begin,
     // of. A row of only -inf keeps S = 0: lse = -inf.
     const int64_t skip = valid ? target : -1;
     double sum_exp = 0.0, smooth_sum = 0.0;
-    if (max != -std::numeric_limits<float>::infinity()) {
+    if (max == std::numeric_limits<float>::infinity()) {
+      // +inf logits: each one's term is exp(0) = 1 and the others' 0 (as in
+      // PyTorch's logsumexp: lse = +inf, not inf - inf); NaNs stay NaN.
+      const ConstArrayMap zr(z, vocab);  // [vocab]
+      sum_exp = static_cast<double>((zr == max).count()) +
+                (zr.isNaN().any() ? kNaN : 0.0);
+      if (smoothing && valid) {
+        smooth_sum = weights != nullptr
+                         ? (ConstArrayMap(weights, vocab) * (max - zr)).sum()
+                         : (max - zr).sum();
+      }
+    } else if (max != -std::numeric_limits<float>::infinity()) {
       for (int64_t b = 0; b < vocab; b += kBlock) {
         const int64_t count = std::min(kBlock, vocab - b);
         if (skip >= b && skip < b + count) {

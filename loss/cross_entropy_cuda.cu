@@ -308,8 +308,10 @@ MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
   const float s = args.label_smoothing;
   g.target_coef = c.ce_scale * (1.0f - s) * c.target_weight;
   g.smooth_w = c.ce_scale * s / static_cast<float>(args.vocab);
+  // The z-loss term only where it is on: 0 * lse would turn an lse of +inf
+  // (a +inf logit) into a NaN gradient where PyTorch has 0 and -1.
   g.coef = g.target_coef + g.smooth_w * weight_total +
-           2.0f * c.z_scale * args.z_loss * lse;
+           (args.z_loss > 0.0f ? 2.0f * c.z_scale * args.z_loss * lse : 0.0f);
   g.inv_cap = args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f;
   return g;
 }
@@ -349,7 +351,7 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
           (1.0f - s) * c.target_weight * nll +
           (s > 0.0f ? s / args.vocab * (weight_total * lse - total.weighted_sum)
                     : 0.0f);
-      const float zl = args.z_loss * lse * lse;
+      const float zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0f;
       loss = ce * mean.ce_inv + zl * mean.z_inv;
     }
   }
@@ -862,13 +864,15 @@ __device__ __forceinline__ void TileGradFromExp(
   constexpr int kW = TileT::kW;
   // p = e * exp((ref - max) - log_sum), as the exact pass has it for every
   // row: a thread with only -inf logits has e = 0 and p = 0, unless the row's
-  // sum is NaN or all of it is -inf (p NaN); a thread holding +inf has p NaN.
+  // sum is NaN or all of it is -inf (p NaN); in a row with +inf logits, scale
+  // is 0, so p is NaN where e is +inf (the +inf logits) and 0 elsewhere.
   float scale;
   if (ref == NegInf()) {
     scale =
         gc.shift == NegInf() || gc.log_sum != gc.log_sum ? QuietNaN() : 0.0f;
   } else {
-    scale = gc.coef * FastExp2(((ref - gc.shift) - gc.log_sum) * kLog2e);
+    scale = gc.coef *
+            FastExp2(((ExpReference(ref) - gc.shift) - gc.log_sum) * kLog2e);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {

@@ -1117,6 +1117,54 @@ TEST_P(CrossEntropyTest, NegativeInfinityLogits) {
   }
 }
 
+// A +inf logit takes all the probability, as in PyTorch: lse +inf, an infinite
+// loss (NaN where the target itself is +inf), and a gradient of 0 at the
+// finite logits, -1 (p_t - 1) at a finite target and NaN at the +inf one.
+// Vocab 64 takes the fused fp32 kernel's kept exponentials, 32768 the fast
+// forward sum, 37 the scalar kernels.
+TEST_P(CrossEntropyTest, PositiveInfinityLogits) {
+  std::mt19937_64 rng(test::TestSeed());
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t vocab : {37, 64, 32768}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " vocab ", vocab));
+      Problem p = EmptyProblem(dtype, DType::kI64, 3, vocab);
+      FillRandom(p, rng);
+      p.options.reduction = Reduction::kNone;
+      const int64_t inf_at = (p.targets[0] + 5) % p.vocab;
+      p.logits[inf_at] = kInf;                      // row 0: not the target
+      p.logits[1 * p.vocab + p.targets[1]] = kInf;  // row 1: the target
+      absl::StatusOr<std::unique_ptr<Harness>> created =
+          Harness::Create(device(), p);
+      ASSERT_OK(created.status());
+      Harness& h = **created;
+      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
+                                            h.options, h.loss, &h.lse, h.grad));
+      ASSERT_OK(h.DownloadOutputs());
+      constexpr float kPlusInf = std::numeric_limits<float>::infinity();
+      EXPECT_EQ(h.LossValues()[0], kPlusInf);
+      EXPECT_EQ(h.LseValues()[0], kPlusInf);
+      EXPECT_TRUE(std::isnan(h.LossValues()[1]));
+      EXPECT_EQ(h.LseValues()[1], kPlusInf);
+      EXPECT_TRUE(std::isfinite(h.LossValues()[2]));
+      for (int64_t j = 0; j < p.vocab; ++j) {
+        const double g = LoadFloat(dtype, h.grad_image(), p.Index(0, j));
+        if (j == inf_at) {
+          EXPECT_TRUE(std::isnan(g)) << "logit " << j;
+        } else {
+          // (Eigen's exp gives ~3e-39, not 0, below its range.)
+          EXPECT_NEAR(g, j == p.targets[0] ? -1.0 : 0.0, 1e-30)
+              << "logit " << j;
+        }
+      }
+      ASSERT_OK(CrossEntropyForward(h.context(), h.logits, h.targets, h.options,
+                                    h.loss, &h.lse));
+      ASSERT_OK(h.DownloadOutputs());
+      EXPECT_EQ(h.LossValues()[0], kPlusInf) << "forward";
+      EXPECT_EQ(h.LseValues()[0], kPlusInf) << "forward";
+      EXPECT_TRUE(std::isnan(h.LossValues()[1])) << "forward";
+    }
+}
+
 // A NaN logit makes its token's loss and gradient row NaN (as in PyTorch), and
 // the reduced loss NaN; other tokens are unaffected.
 TEST_P(CrossEntropyTest, NaNLogitsPropagate) {
