@@ -242,6 +242,12 @@ class Harness {
       RETURN_IF_ERROR(Download(*array));
     return absl::OkStatus();
   }
+  // The fused call with lse and gradient, then its outputs read back.
+  absl::Status ForwardBackwardAndDownload() {
+    RETURN_IF_ERROR(CrossEntropyForwardBackward(context(), logits, targets,
+                                                options, loss, &lse, grad));
+    return DownloadOutputs();
+  }
   // Sets the saved lse (an input of Backward) from `values` [tokens].
   absl::Status SetLse(const std::vector<float>& values) {
     for (int64_t i = 0; i < p_.tokens; ++i)
@@ -945,9 +951,7 @@ void ExpectForwardBackwardMatches(const Device& device, const Problem& p,
   ASSERT_OK(created.status());
   Harness& h = **created;
   const ReferenceResult ref = Reference(p);
-  ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                        h.options, h.loss, &h.lse, h.grad));
-  ASSERT_OK(h.DownloadOutputs());
+  ASSERT_OK(h.ForwardBackwardAndDownload());
   if (rows.empty()) {
     EXPECT_TRUE(LossMatches(p, ref, h.loss_image()));
     EXPECT_TRUE(LseMatches(p, ref, h.lse_image()));
@@ -988,9 +992,7 @@ TEST_P(CrossEntropyTest, AllIgnoredGivesZeroLossAndGradient) {
       ASSERT_OK(created.status());
       Harness& h = **created;
       ASSERT_OK(h.SetGradLoss(std::vector<double>(p.tokens, 1.0)));
-      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                            h.options, h.loss, &h.lse, h.grad));
-      ASSERT_OK(h.DownloadOutputs());
+      ASSERT_OK(h.ForwardBackwardAndDownload());
       for (float loss : h.LossValues()) EXPECT_EQ(loss, 0.0f);
       EXPECT_TRUE(LseMatches(p, Reference(p), h.lse_image()));
       for (int64_t i = 0; i < p.tokens; ++i) {
@@ -1137,9 +1139,7 @@ TEST_P(CrossEntropyTest, PositiveInfinityLogits) {
           Harness::Create(device(), p);
       ASSERT_OK(created.status());
       Harness& h = **created;
-      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                            h.options, h.loss, &h.lse, h.grad));
-      ASSERT_OK(h.DownloadOutputs());
+      ASSERT_OK(h.ForwardBackwardAndDownload());
       constexpr float kPlusInf = std::numeric_limits<float>::infinity();
       EXPECT_EQ(h.LossValues()[0], kPlusInf);
       EXPECT_EQ(h.LseValues()[0], kPlusInf);
@@ -1183,9 +1183,7 @@ TEST_P(CrossEntropyTest, NaNLogitsPropagate) {
           Harness::Create(device(), p);
       ASSERT_OK(created.status());
       Harness& h = **created;
-      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                            h.options, h.loss, &h.lse, h.grad));
-      ASSERT_OK(h.DownloadOutputs());
+      ASSERT_OK(h.ForwardBackwardAndDownload());
       const std::vector<float> loss = h.LossValues();
       if (reduction == Reduction::kNone) {
         EXPECT_TRUE(std::isfinite(loss[0]) && std::isfinite(loss[1]));
@@ -1232,9 +1230,7 @@ TEST_P(CrossEntropyTest, UnvalidatedOutOfRangeTargetsGiveNaN) {
         Harness::Create(device(), p);
     ASSERT_OK(created.status());
     Harness& h = **created;
-    ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                          h.options, h.loss, &h.lse, h.grad));
-    ASSERT_OK(h.DownloadOutputs());
+    ASSERT_OK(h.ForwardBackwardAndDownload());
     const std::vector<float> loss = h.LossValues();
     const ReferenceResult ref = Reference(p);
     for (int64_t i : {1, 3, 4, 5})
@@ -1287,9 +1283,7 @@ TEST_P(CrossEntropyTest, NearCertainTargetsKeepPrecision) {
           Harness::Create(device(), p);
       ASSERT_OK(created.status());
       Harness& h = **created;
-      ASSERT_OK(CrossEntropyForwardBackward(h.context(), h.logits, h.targets,
-                                            h.options, h.loss, &h.lse, h.grad));
-      ASSERT_OK(h.DownloadOutputs());
+      ASSERT_OK(h.ForwardBackwardAndDownload());
       const ReferenceResult ref = Reference(p);
       for (int64_t i = 0; i < p.tokens; ++i) {
         const double loss = h.LossValues()[i];
