@@ -44,6 +44,10 @@ ABSL_FLAG(int, warmup, 5, "untimed repetitions first");
 ABSL_FLAG(bool, validate_targets, false,
           "time with the target range check (a one-block scan and a host "
           "read-back per call)");
+ABSL_FLAG(float, label_smoothing, 0.0f,
+          "label smoothing of every timed call (0: off; on, the kernels take "
+          "their options path)");
+ABSL_FLAG(float, softcap, 0.0f, "soft cap of every timed call (0: off)");
 ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
@@ -76,10 +80,10 @@ struct Row {
 // the right thing.
 absl::StatusOr<Check> CheckAgainstCpu(Context& gpu, const Tensor& logits,
                                       const Tensor& targets, const Tensor& lse,
-                                      const Tensor& grad) {
+                                      const Tensor& grad,
+                                      CrossEntropyOptions options) {
   const int64_t tokens = logits.dim(0), vocab = logits.dim(1),
                 rows = std::min<int64_t>(tokens, 16);
-  CrossEntropyOptions options;
   ASSIGN_OR_RETURN(OwnedTensor loss,
                    EmptyTensor(gpu.allocator(), DType::kF32, {}));
   RETURN_IF_ERROR(CrossEntropyForwardBackward(gpu, logits, targets, options,
@@ -289,6 +293,8 @@ absl::Status Run() {
 #endif
   CrossEntropyOptions options;
   options.validate_targets = absl::GetFlag(FLAGS_validate_targets);
+  options.label_smoothing = absl::GetFlag(FLAGS_label_smoothing);
+  options.softcap = absl::GetFlag(FLAGS_softcap);
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count());
@@ -373,15 +379,16 @@ absl::Status Run() {
       if (!device.is_cpu()) {
         ASSIGN_OR_RETURN(Check check,
                          CheckAgainstCpu(*context, logits[0].view, targets.view,
-                                         lse.view, grad.view));
+                                         lse.view, grad.view, options));
         rows.back().check = check;
       }
     }
   }
   std::printf(
-      "\ncross-entropy, tokens=%lld, mean reduction, validate_targets=%d, %s\n",
+      "\ncross-entropy, tokens=%lld, mean reduction, validate_targets=%d, "
+      "label_smoothing=%g, softcap=%g, %s\n",
       static_cast<long long>(tokens), options.validate_targets ? 1 : 0,
-      device_name.c_str());
+      options.label_smoothing, options.softcap, device_name.c_str());
   std::printf("%-5s %7s %-9s %10s %8s %8s %8s %10s %10s\n", "dtype", "vocab",
               "op", "median_us", "GB/s", "%HBM", "%copy", "lse_err",
               "grad_err");
@@ -404,10 +411,12 @@ absl::Status Run() {
           "{\"device\": \"%s\", \"tokens\": %d, \"vocab\": %d, \"dtype\": "
           "\"%s\", \"op\": \"%s\", \"median_us\": %.2f, "
           "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
-          "\"validate_targets\": %s}\n",
+          "\"validate_targets\": %s, \"label_smoothing\": %g, "
+          "\"softcap\": %g}\n",
           device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
           hbm_peak / 1e9, copy_rate / 1e9,
-          options.validate_targets ? "true" : "false");
+          options.validate_targets ? "true" : "false", options.label_smoothing,
+          options.softcap);
     }
   }
   return absl::OkStatus();

@@ -24,10 +24,6 @@ namespace {
 
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMaxVocab = (int64_t{1} << 30) - 1;
-// From this vocabulary on, fused calls on 16-bit logits run in two passes
-// (see Run): between the measured points 16384, where the one-pass kernel was
-// 2% faster, and 32768, where it was 8% slower.
-constexpr int64_t kTwoPassVocab = 24576;
 
 int64_t AlignUp(int64_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
@@ -293,40 +289,11 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
     return absl::OkStatus();
   }
   args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
-  // 16-bit logits of kTwoPassVocab classes or more: the fused call runs the
-  // forward kernel, then the pipelined backward from its lse (one more read of
-  // the logits). The H200 runs that faster than the register/cluster kernel,
-  // which 16-bit rows leave instruction-bound (bf16, 16384 tokens, separate
-  // calls: 964 against 1045 us at vocab 32768, 3756 against 4621 us at
-  // 131072).
-  const bool two_pass =
-      args.grad != nullptr && args.tune_kernel == 0 &&  // not the bench's sweep
-      DTypeSize(logits.dtype) == 2 && problem.vocab >= kTwoPassVocab;
-  ce::RowArgs rows = args;
-  if (two_pass) {
-    // The forward saves each row's max and log1p(rest) for the backward (in
-    // the workspace, after the per-token losses): from those, the target's
-    // p - 1 keeps its precision when p is near 1, which a float lse loses.
-    rows.grad = nullptr;
-    const int64_t row_floats =
-        AlignUp(problem.tokens * static_cast<int64_t>(sizeof(float)));
-    rows.row_max = reinterpret_cast<float*>(reinterpret_cast<char*>(row_loss) +
-                                            row_floats);
-    rows.row_log_sum = reinterpret_cast<float*>(
-        reinterpret_cast<char*>(rows.row_max) + row_floats);
-  }
-  CUDA_RETURN_IF_ERROR(ce::LaunchRows(rows, num_sms, stream));
+  CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
   if (reduce)
     CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(row_loss, problem.tokens,
                                            request.loss->data_as<float>(),
                                            stream, /*follows_rows=*/true));
-  if (two_pass) {
-    ce::RowArgs backward = args;
-    backward.row_max = rows.row_max;
-    backward.row_log_sum = rows.row_log_sum;
-    backward.follows_scan = false;
-    CUDA_RETURN_IF_ERROR(ce::LaunchBackward(backward, num_sms, stream));
-  }
   return absl::OkStatus();
 #else
   return absl::UnavailableError(
@@ -338,10 +305,9 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
 
 int64_t CrossEntropyWorkspaceBytes(int64_t tokens, int64_t vocab) {
   (void)vocab;
-  // The target scan's stats, the per-token losses and the two-pass fused
-  // call's row maxima and log sums.
+  // The target scan's stats and the per-token losses.
   return AlignUp(sizeof(ce::TargetStats)) +
-         3 * AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
+         AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
 }
 
 absl::Status CrossEntropyForward(Context& context, const Tensor& logits,

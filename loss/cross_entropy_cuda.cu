@@ -16,8 +16,8 @@
 //   (TileStatsKeepExp). Rows longer than a cluster holds are tiled and
 //   re-read. For fp32 rows one CTA holds, a variant loads the next row before
 //   reducing the current one.
-// - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse (or a
-//   saved max and log-sum: the fused call's two passes), one read, one write.
+// - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse, one
+//   read, one write.
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
 //
 // Every reduction has a fixed shape and order, so results are bitwise
@@ -316,17 +316,10 @@ MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
   return g;
 }
 
-// The gradient's coefficients of a backward from saved statistics: the row's
-// max and log1p(rest) where the forward saved them (RowArgs::row_max, the
-// fused call's two passes: exact for p near 1), else its lse (shift = lse).
+// The gradient's coefficients of a backward from the saved lse (shift = lse).
 __device__ __forceinline__ GradCoefficients
 SavedGradCoefficients(const RowArgs& args, int64_t row,
                       const RowCoefficients& c, float weight_total) {
-  if (args.row_max != nullptr) {
-    const float max = args.row_max[row], log_sum = args.row_log_sum[row];
-    return MakeGradCoefficients(args, c, max + log_sum, weight_total, max,
-                                log_sum);
-  }
   const float lse = args.lse[row];
   return MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
 }
@@ -576,11 +569,13 @@ __device__ __forceinline__ bool RowNeedsExactPass(const RowStats& total) {
 
 // Sum of exp(x - ref) over a tile (no soft cap: the kOpt=false case), in four
 // independent accumulators. (x - ref) is formed before the scaling by log2(e),
-// so that the largest terms are exact. kKeep (fp32 tiles only) writes each
-// exponential over its logit, for a gradient of one multiply a logit.
-template <int R, bool kKeep, typename TileT>
-__device__ __forceinline__ float TileExpSum(TileT& tile, const RowView& view,
-                                            float ref) {
+// so that the largest terms are exact. kKeep also writes each exponential to
+// `kept` (over its own logit for fp32 tiles, kept == &tile), for a gradient of
+// one multiply a logit.
+template <int R, bool kKeep, typename TileT, typename KeptT = TileT>
+__device__ __forceinline__ float TileExpSum(const TileT& tile,
+                                            const RowView& view, float ref,
+                                            KeptT* kept = nullptr) {
   constexpr int kW = TileT::kW;
   float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -593,7 +588,7 @@ __device__ __forceinline__ float TileExpSum(TileT& tile, const RowView& view,
       x[j] = FastExp2((x[j] - ref) * kLog2e);
       sum_part[(r * kW + j) % 4] += x[j];
     }
-    if constexpr (kKeep) tile.Store(r, x);
+    if constexpr (kKeep) kept->Store(r, x);
   }
   return (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]);
 }
@@ -786,36 +781,83 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   }
 }
 
-// The fused fp32 pass without options, in one exponential a logit: the
-// tile's logits are replaced by e = exp(x - ref) (ref: the thread's max), and
-// the gradient is then p = e * exp(ref - lse), one multiply a logit. A row
-// whose max dominates (RowNeedsExactPass) takes its exact "rest" (the sum
-// without the max's own 1) from the kept e (ExactRestFromExp). Non-finite
-// logits give what the exact pass gives (TileStats and TileGrad).
+// The fused pass without options, in one exponential a logit: each logit's
+// e = exp(x - ref) (ref: the thread's max) is kept in registers, and the
+// gradient is then p = e * exp(ref - lse), one multiply a logit. fp32 tiles
+// keep e over their own logits; 16-bit tiles unpack into a FloatTile of
+// floats (the registers an fp32 tile of the same elements takes), so their
+// gradient is rounded once, from the float p. A row whose max dominates
+// (RowNeedsExactPass) takes its exact "rest" (the sum without the max's own
+// 1) from the kept e (ExactRestFromExp). Non-finite logits give what the
+// exact pass gives (TileStats and TileGrad).
 struct ExpTileStats {
   RowStats stats;
   float ref;  // the thread's max (-inf: its e are all 0)
 };
 
-template <typename TileT, int R>
-__device__ __forceinline__ ExpTileStats TileStatsKeepExp(TileT& tile,
+// R pieces of kW floats in the layout of the 16-bit tile they came from: the
+// kept exponentials of the pass without options, or the unpacked (and soft
+// capped) logits of the pass with them, so that a row is unpacked once
+// (unpacking a raw tile on each use spills the options' kernel). Elements past
+// the vocabulary hold -inf. Unpack ignores its soft cap, applied on filling.
+template <int R, int kWidth>
+struct FloatTile {
+  static constexpr int kW = kWidth;
+  static constexpr bool kPackedMax = false;
+  using Element = float;
+  float v[R][kW];
+
+  template <typename TileT>
+  __device__ __forceinline__ void Fill(const TileT& tile, const RowView& view) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab,
+                  view.softcap, view.inv_cap, v[r]);
+  }
+  __device__ __forceinline__ void Unpack(int r, int, int, float, float,
+                                         float (&x)[kW]) const {
+    Floats(r, x);
+  }
+  __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) x[j] = v[r][j];
+  }
+  __device__ __forceinline__ void Store(int r, const float (&x)[kW]) {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) v[r][j] = x[j];
+  }
+};
+
+// The tile's statistics, its e written to `kept` (which may be the fp32 tile
+// itself: piece r is read before it is overwritten).
+template <typename TileT, int R, typename KeptT>
+__device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
                                                          const RowView& view,
-                                                         int64_t target) {
+                                                         int64_t target,
+                                                         KeptT& kept) {
   constexpr int kW = TileT::kW;
-  static_assert(kW == 4, "fp32 tiles only");
+  static_assert(KeptT::kW == kW, "kept pieces match the tile's");
   float max_part[4] = {NegInf(), NegInf(), NegInf(), NegInf()};
   float target_logit = 0.0f;
   const int target_in_row = TargetInRow(target, view.vocab);
+  if constexpr (TileT::kPackedMax) {
+    PackedMax<typename TileT::Element, TileT, R>(tile, view, max_part);
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
+    const bool holds_target =
+        static_cast<unsigned>(target_in_row - base) < static_cast<unsigned>(kW);
+    if (TileT::kPackedMax && !holds_target) continue;
     float x[kW];
     tile.Unpack(r, base, view.vocab, 0.0f, 0.0f, x);
+    if constexpr (!TileT::kPackedMax) {
 #pragma unroll
-    for (int j = 0; j < kW; ++j) max_part[j] = fmaxf(max_part[j], x[j]);
+      for (int j = 0; j < kW; ++j)
+        max_part[j % 4] = fmaxf(max_part[j % 4], x[j]);
+    }
     // The target's logit, before the exponentials replace it.
-    if (static_cast<unsigned>(target_in_row - base) <
-        static_cast<unsigned>(kW)) {
+    if (holds_target) {
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         if (base + j == target_in_row) target_logit = x[j];
@@ -829,7 +871,8 @@ __device__ __forceinline__ ExpTileStats TileStatsKeepExp(TileT& tile,
   out.stats.target_logit = target_logit;
   out.ref = out.stats.max;
   out.stats.rest =
-      TileExpSum<R, true>(tile, view, ExpReference(out.stats.max)) - 1.0f;
+      TileExpSum<R, true>(tile, view, ExpReference(out.stats.max), &kept) -
+      1.0f;
   return out;
 }
 
@@ -918,13 +961,7 @@ FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
   c.z_scale *= r.mean.z_inv;
   const float log_sum = log1pf(total.rest);
   const float lse = total.max + log_sum;
-  if (writer) {
-    WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
-    if (args.row_max != nullptr) {
-      args.row_max[row] = total.max;
-      args.row_log_sum[row] = log_sum;
-    }
-  }
+  if (writer) WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
   return MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
 }
 
@@ -972,31 +1009,65 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
   return shared.row_final;
 }
 
+// One row in one exponential a logit (TileStatsKeepExp): statistics into
+// `kept`, the exact redo where the max dominates, the loss, and the gradient
+// from the kept exponentials.
+template <typename G, typename TileT, typename KeptT, int R>
+__device__ __forceinline__ void RowFromKeptExp(
+    const RowArgs& args, int64_t row, const TileT& tile, KeptT& kept,
+    const RowView& view, RowCoefficients& c, RowShared& shared,
+    int cluster_size, int& parity, bool writer, ScanState& scan) {
+  ExpTileStats part = TileStatsKeepExp<TileT, R>(tile, view, c.target, kept);
+  RowStats total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+  if (RowNeedsExactPass(total)) {
+    part.stats.rest = ExactRestFromExp<KeptT, R>(kept, part.ref);
+    total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+  }
+  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+  TileGradFromExp<G, KeptT, R>(kept, view, part.ref, grad_row, gc, c,
+                               total.target_logit);
+}
+
 // One row of a register kernel whose tile holds the whole row (tiles == 1):
-// statistics, loss and gradient from the registers. fp32 rows without options
-// take one exponential a logit (TileStatsKeepExp).
+// statistics, loss and gradient from the registers. Vectorized rows without
+// options take one exponential a logit (RowFromKeptExp).
 template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
 __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
     int& parity, bool writer, ScanState& scan) {
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-  constexpr bool kKeepExp =
-      kGrad && !kOpt && TileT::kW == 4 && sizeof(typename TileT::Element) == 4;
-  if constexpr (kKeepExp) {
-    ExpTileStats part = TileStatsKeepExp<TileT, R>(tile, view, c.target);
-    RowStats total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
-    if (RowNeedsExactPass(total)) {
-      part.stats.rest = ExactRestFromExp<TileT, R>(tile, part.ref);
-      total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+  // Vectorized tiles without options take one exponential a logit: fp32 ones
+  // keep e in place, 16-bit ones in a float tile beside their raw pieces.
+  constexpr bool k16BitVec =
+      TileT::kW > 1 && sizeof(typename TileT::Element) == 2;
+  if constexpr (kGrad && !kOpt && TileT::kW > 1) {
+    if constexpr (!k16BitVec) {
+      RowFromKeptExp<G, TileT, TileT, R>(args, row, tile, tile, view, c, shared,
+                                         cluster_size, parity, writer, scan);
+    } else {
+      FloatTile<R, TileT::kW> kept;
+      RowFromKeptExp<G, TileT, FloatTile<R, TileT::kW>, R>(
+          args, row, tile, kept, view, c, shared, cluster_size, parity, writer,
+          scan);
     }
-    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
-    TileGradFromExp<G, TileT, R>(tile, view, part.ref, grad_row, gc, c,
-                                 total.target_logit);
     return;
   }
-  // Other tiles keep the exact sum: the fast one and its redo spill 16-bit
-  // tiles, which hold raw pieces and unpack them on use.
+  // Tiles with options (and scalar ones) keep the exact sum and a second
+  // exponential in the gradient; 16-bit ones unpack once, into floats.
+  if constexpr (kGrad && kOpt && k16BitVec) {
+    FloatTile<R, TileT::kW> floats;
+    floats.Fill(tile, view);
+    const RowStats total =
+        ReduceRow<kOpt>(TileStats<FloatTile<R, TileT::kW>, R, kOpt>(
+                            floats, view, c.target, smoothing),
+                        shared, cluster_size, parity);
+    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+    TileGrad<G, FloatTile<R, TileT::kW>, R, kOpt>(floats, view, grad_row, gc,
+                                                  c);
+    return;
+  }
   const RowStats total = ReduceRow<kOpt>(
       TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
       cluster_size, parity);

@@ -53,12 +53,6 @@ struct RowArgs {
   // denominators when kMean (so the loss is the plain sum of row_loss).
   float* row_loss = nullptr;  // [rows]
   float* lse = nullptr;       // [rows] or null
-  // [rows] each, or null (both): the forward also writes each row's max and
-  // log1p(rest) (lse = max + log1p(rest)), and a backward given them takes
-  // p = exp((z - max) - log1p(rest)) instead of exp(z - lse), which keeps the
-  // target's p - 1 exact when p is near 1 (the fused call's two passes).
-  float* row_max = nullptr;
-  float* row_log_sum = nullptr;
   // Gradient (null: forward only) [rows, vocab] with row stride grad_stride
   // elements of grad_type. It may alias the logits when each grad row starts
   // where its logits row does.
