@@ -567,22 +567,36 @@ __device__ __forceinline__ bool RowNeedsExactPass(const RowStats& total) {
   return !(total.rest >= 1.0f);
 }
 
-// Sum of exp(x - ref) over a tile (no soft cap: the kOpt=false case), in four
-// independent accumulators. (x - ref) is formed before the scaling by log2(e),
-// so that the largest terms are exact. kKeep also writes each exponential to
-// `kept` (over its own logit for fp32 tiles, kept == &tile), for a gradient of
-// one multiply a logit.
-template <int R, bool kKeep, typename TileT, typename KeptT = TileT>
+// Sum of exp(x - ref) over a tile, in four independent accumulators. (x - ref)
+// is formed before the scaling by log2(e), so that the largest terms are
+// exact. kKeep also writes each exponential to `kept` (over its own logit for
+// fp32 tiles, kept == &tile), for a gradient of one multiply a logit. kCap
+// applies the soft cap; kSmooth with `smoothing` adds the label-smoothing sum
+// of w_j * z_j over the tile to `weighted_sum`.
+template <int R, bool kKeep, bool kCap = false, bool kSmooth = false,
+          typename TileT, typename KeptT = TileT>
 __device__ __forceinline__ float TileExpSum(const TileT& tile,
                                             const RowView& view, float ref,
-                                            KeptT* kept = nullptr) {
+                                            KeptT* kept = nullptr,
+                                            bool smoothing = false,
+                                            float* weighted_sum = nullptr) {
   constexpr int kW = TileT::kW;
+  const float softcap = kCap ? view.softcap : 0.0f;
+  const float inv_cap = kCap ? view.inv_cap : 0.0f;
   float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
     float x[kW];
-    tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, 0.0f, 0.0f,
-                x);
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+    if (kSmooth && smoothing) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j < view.vocab)
+          *weighted_sum +=
+              view.weights != nullptr ? view.weights[base + j] * x[j] : x[j];
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       x[j] = FastExp2((x[j] - ref) * kLog2e);
@@ -598,8 +612,8 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
 // tile holds 64 values).
 // kOpt: soft cap, label smoothing or class weights may be on; without it they
 // are compiled out of the common case.
-// kFastSum (without kOpt): the exponential sum without a tie test a logit;
-// rows whose max dominates then need the exact pass (RowNeedsExactPass).
+// kFastSum: the exponential sum without a tie test a logit; rows whose max
+// dominates then need the exact pass (RowNeedsExactPass).
 template <typename TileT, int R, bool kOpt, bool kFastSum = false>
 __device__ __forceinline__ RowStats TileStats(const TileT& tile,
                                               const RowView& view,
@@ -645,9 +659,9 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   // kFastSum: the sum with the max's own exact 1 in it, one exponential and
   // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
   // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
-  constexpr bool kFast = !kOpt && kFastSum;
+  constexpr bool kFast = kFastSum;
   if (kFast) {
-    s.rest = TileExpSum<R, false>(tile, view, ExpReference(s.max)) - 1.0f;
+    s.rest = TileExpSum<R, false, kOpt>(tile, view, ExpReference(s.max)) - 1.0f;
   } else if (s.max != NegInf()) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -829,11 +843,14 @@ struct FloatTile {
 };
 
 // The tile's statistics, its e written to `kept` (which may be the fp32 tile
-// itself: piece r is read before it is overwritten).
-template <typename TileT, int R, typename KeptT>
+// itself: piece r is read before it is overwritten). kOpt: class weights or
+// label smoothing may be on, a soft cap may not (its gradient needs the capped
+// logits, which the kept e replace).
+template <typename TileT, int R, bool kOpt, typename KeptT>
 __device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
                                                          const RowView& view,
                                                          int64_t target,
+                                                         bool smoothing,
                                                          KeptT& kept) {
   constexpr int kW = TileT::kW;
   static_assert(KeptT::kW == kW, "kept pieces match the tile's");
@@ -870,9 +887,12 @@ __device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
       fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
   out.stats.target_logit = target_logit;
   out.ref = out.stats.max;
+  float weighted_sum = 0.0f;
   out.stats.rest =
-      TileExpSum<R, true>(tile, view, ExpReference(out.stats.max), &kept) -
+      TileExpSum<R, true, false, kOpt>(tile, view, ExpReference(out.stats.max),
+                                       &kept, smoothing, &weighted_sum) -
       1.0f;
+  out.stats.weighted_sum = weighted_sum;
   return out;
 }
 
@@ -900,11 +920,13 @@ __device__ __forceinline__ float ExactRestFromExp(const TileT& tile,
 }
 
 // The gradient of a tile whose logits were replaced by e = exp(x - ref).
-template <typename G, typename TileT, int R>
+template <typename G, typename TileT, int R, bool kOpt>
 __device__ __forceinline__ void TileGradFromExp(
     const TileT& tile, const RowView& view, float ref, G* grad_row,
     const GradCoefficients& gc, const RowCoefficients& c, float target_logit) {
   constexpr int kW = TileT::kW;
+  const float* weights = kOpt ? view.weights : nullptr;
+  const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
   // p = e * exp((ref - max) - log_sum), as the exact pass has it for every
   // row: a thread with only -inf logits has e = 0 and p = 0, unless the row's
   // sum is NaN or all of it is -inf (p NaN); in a row with +inf logits, scale
@@ -924,7 +946,14 @@ __device__ __forceinline__ void TileGradFromExp(
     float g[kW];
     tile.Floats(r, g);
 #pragma unroll
-    for (int j = 0; j < kW; ++j) g[j] *= scale;
+    for (int j = 0; j < kW; ++j) {
+      g[j] *= scale;
+      if (kOpt) {
+        const float w =
+            weights != nullptr ? weights[min(base + j, view.vocab - 1)] : 1.0f;
+        g[j] -= smooth_w * w;
+      }
+    }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
   // The target's element again, from its logit: p - 1 through expm1, exact
@@ -933,9 +962,10 @@ __device__ __forceinline__ void TileGradFromExp(
   if (c.valid_target) {
     const int piece = static_cast<int>(c.target) / kW - view.first;
     if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
+      const float w = weights != nullptr ? weights[c.target] : 1.0f;
       grad_row[c.target] = FromFloat<G>(
           gc.coef * expm1f((target_logit - gc.shift) - gc.log_sum) +
-          (gc.coef - gc.target_coef));
+          (gc.coef - gc.target_coef) - smooth_w * w);
     }
   }
 }
@@ -1012,60 +1042,64 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 // One row in one exponential a logit (TileStatsKeepExp): statistics into
 // `kept`, the exact redo where the max dominates, the loss, and the gradient
 // from the kept exponentials.
-template <typename G, typename TileT, typename KeptT, int R>
+template <typename G, typename TileT, typename KeptT, int R, bool kOpt>
 __device__ __forceinline__ void RowFromKeptExp(
     const RowArgs& args, int64_t row, const TileT& tile, KeptT& kept,
-    const RowView& view, RowCoefficients& c, RowShared& shared,
+    const RowView& view, RowCoefficients& c, bool smoothing, RowShared& shared,
     int cluster_size, int& parity, bool writer, ScanState& scan) {
-  ExpTileStats part = TileStatsKeepExp<TileT, R>(tile, view, c.target, kept);
-  RowStats total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+  ExpTileStats part =
+      TileStatsKeepExp<TileT, R, kOpt>(tile, view, c.target, smoothing, kept);
+  RowStats total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
   if (RowNeedsExactPass(total)) {
     part.stats.rest = ExactRestFromExp<KeptT, R>(kept, part.ref);
-    total = ReduceRow<false>(part.stats, shared, cluster_size, parity);
+    total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
   }
   const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-  TileGradFromExp<G, KeptT, R>(kept, view, part.ref, grad_row, gc, c,
-                               total.target_logit);
+  TileGradFromExp<G, KeptT, R, kOpt>(kept, view, part.ref, grad_row, gc, c,
+                                     total.target_logit);
 }
 
 // One row of a register kernel whose tile holds the whole row (tiles == 1):
 // statistics, loss and gradient from the registers. Vectorized rows without
-// options take one exponential a logit (RowFromKeptExp).
-template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
+// a soft cap take one exponential a logit (RowFromKeptExp).
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt,
+          bool kSoftcap>
 __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
     int& parity, bool writer, ScanState& scan) {
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-  // Vectorized tiles without options take one exponential a logit: fp32 ones
-  // keep e in place, 16-bit ones in a float tile beside their raw pieces.
+  using FloatTileT = FloatTile<R, TileT::kW>;
   constexpr bool k16BitVec =
       TileT::kW > 1 && sizeof(typename TileT::Element) == 2;
-  if constexpr (kGrad && !kOpt && TileT::kW > 1) {
+  // Vectorized rows without a soft cap take one exponential a logit: fp32
+  // tiles keep e in place, 16-bit ones in a float tile beside their raw
+  // pieces. (The soft cap's kernels are apart: both passes in one kernel
+  // spill it by kilobytes.)
+  if constexpr (kGrad && TileT::kW > 1 && !kSoftcap) {
     if constexpr (!k16BitVec) {
-      RowFromKeptExp<G, TileT, TileT, R>(args, row, tile, tile, view, c, shared,
-                                         cluster_size, parity, writer, scan);
+      RowFromKeptExp<G, TileT, TileT, R, kOpt>(args, row, tile, tile, view, c,
+                                               smoothing, shared, cluster_size,
+                                               parity, writer, scan);
     } else {
-      FloatTile<R, TileT::kW> kept;
-      RowFromKeptExp<G, TileT, FloatTile<R, TileT::kW>, R>(
-          args, row, tile, kept, view, c, shared, cluster_size, parity, writer,
-          scan);
+      FloatTileT kept;
+      RowFromKeptExp<G, TileT, FloatTileT, R, kOpt>(
+          args, row, tile, kept, view, c, smoothing, shared, cluster_size,
+          parity, writer, scan);
     }
     return;
   }
-  // Tiles with options (and scalar ones) keep the exact sum and a second
-  // exponential in the gradient; 16-bit ones unpack once, into floats.
+  // Soft-capped (and scalar) rows keep the exact sum and a second exponential
+  // in the gradient; 16-bit ones unpack once, into floats.
   if constexpr (kGrad && kOpt && k16BitVec) {
-    FloatTile<R, TileT::kW> floats;
+    FloatTileT floats;
     floats.Fill(tile, view);
-    const RowStats total =
-        ReduceRow<kOpt>(TileStats<FloatTile<R, TileT::kW>, R, kOpt>(
-                            floats, view, c.target, smoothing),
-                        shared, cluster_size, parity);
+    const RowStats total = ReduceRow<kOpt>(
+        TileStats<FloatTileT, R, kOpt>(floats, view, c.target, smoothing),
+        shared, cluster_size, parity);
     const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
-    TileGrad<G, FloatTile<R, TileT::kW>, R, kOpt>(floats, view, grad_row, gc,
-                                                  c);
+    TileGrad<G, FloatTileT, R, kOpt>(floats, view, grad_row, gc, c);
     return;
   }
   const RowStats total = ReduceRow<kOpt>(
@@ -1129,8 +1163,10 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
 // so that no mode's registers weigh on another's.
 enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 
+// kSoftcap (vectorized kOpt kernels only): the soft cap is on, so the row
+// keeps its logits and takes the exact pass (RowFromRegisters).
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
-          int kMode>
+          int kMode, bool kSoftcap = false>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles) {
   using TileT = Tile<T, R, kVec>;
@@ -1169,7 +1205,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
         next.Load(logits_of(row + clusters), view.vocab, first0, stride);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
-      RowFromRegisters<G, TileT, R, kGrad, kOpt>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
           args, row, current, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
       current = next;
@@ -1184,7 +1220,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       TileT tile;
       view.first = first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
-      RowFromRegisters<G, TileT, R, kGrad, kOpt>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
           args, row, tile, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
     }
@@ -1655,9 +1691,10 @@ RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread, bool clusters_allowed) {
   return launch;
 }
 
-template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
-cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
-                            cudaStream_t stream) {
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
+          bool kSoftcap>
+cudaError_t LaunchRowKernelOf(const RowArgs& args, int num_sms,
+                              cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
   // Pieces per thread: 8 x 16 bytes of fp32 (or 8 scalars); 4 for 16-bit
   // logits, whose unpacked floats would otherwise spill under the 64-register
@@ -1679,10 +1716,11 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
   const RowLaunch launch =
       prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
   auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
-       kVec, kGrad, kOpt,
-       kCanPrefetch ? kRowsPrefetch : kRowsOneTile >
-      : launch.tiles > 1 ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled>
-                         : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile>;
+       kVec, kGrad, kOpt, kCanPrefetch ? kRowsPrefetch : kRowsOneTile,
+       kSoftcap >
+      : launch.tiles > 1
+        ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled>
+        : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile, kSoftcap>;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(launch.threads);
   config.stream = stream;
@@ -1713,6 +1751,18 @@ cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
                          static_cast<unsigned>(clusters * launch.cluster_size),
                          launch.threads, 0, launch.cluster_size, stream, args,
                          launch.cluster_size, launch.tiles);
+}
+
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
+cudaError_t LaunchRowKernel(const RowArgs& args, int num_sms,
+                            cudaStream_t stream) {
+  if constexpr (kVec && kGrad && kOpt) {
+    if (args.softcap > 0.0f)
+      return LaunchRowKernelOf<T, G, kVec, kGrad, kOpt, true>(args, num_sms,
+                                                              stream);
+  }
+  return LaunchRowKernelOf<T, G, kVec, kGrad, kOpt, false>(args, num_sms,
+                                                           stream);
 }
 
 // Launch of the pipelined backward: blocks of up to 512 threads with 8 pieces
@@ -1782,7 +1832,7 @@ constexpr int64_t kFastSumF32Vocab = 32768;
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
-  constexpr bool kCanFastSum = !kGrad && !kOpt;
+  constexpr bool kCanFastSum = !kGrad;
   const bool fast_sum =
       kCanFastSum && (sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab);
   auto kernel = fast_sum ? WarpRowKernel<T, G, kVec, kGrad, kOpt, kCanFastSum>
