@@ -1849,10 +1849,12 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   // fewest warps that take the same most rows a warp, so that the rows
   // spread evenly (H200, fp32: 528 -> 508 us at vocab 32768, 2000 -> 1923 us
   // at 131072). Shorter rows keep the full grid, whose extra warps in flight
-  // are worth more there (fp32 4096: 74 against 77 us).
+  // are worth more there (fp32 4096: 74 against 77 us), and so do the
+  // options' kernels, which issue more than they read (fp32, label smoothing:
+  // 734 against 852 us at 32768).
   const int64_t max_warps = int64_t{per_sm > 0 ? per_sm : 1} * num_sms * 8;
   int64_t warps = args.rows < max_warps ? args.rows : max_warps;
-  if (args.vocab * int64_t{sizeof(T)} >= (128 << 10)) {
+  if (!kOpt && args.vocab * int64_t{sizeof(T)} >= (128 << 10)) {
     const int64_t rows_per_warp = (args.rows + max_warps - 1) / max_warps;
     warps = (args.rows + rows_per_warp - 1) / rows_per_warp;
   }
