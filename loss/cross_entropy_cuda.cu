@@ -6,16 +6,17 @@
 //   For fp32 the next tile (of the row or the next row) is loaded before the
 //   current one is reduced. 16-bit logits, and fp32 from vocab 32768, take the
 //   fast exponential sum (no tie test a logit; RowNeedsExactPass rows, whose
-//   max holds over half the probability, are streamed again exactly).
+//   max holds over half the probability, are streamed again exactly), with or
+//   without options.
 // - RowKernel (fused forward+backward): a row is split over a thread-block
-//   cluster of C CTAs (C = 1 up to 4096 16-byte pieces) and held in
-//   registers; statistics are reduced in the warp, the block and the cluster
-//   (distributed shared memory), and the gradient is written from the
-//   registers: one read, one write. fp32 rows keep exp(x - thread max) in
-//   place of the logits, so the gradient is one multiply a logit
-//   (TileStatsKeepExp). Rows longer than a cluster holds are tiled and
-//   re-read. For fp32 rows one CTA holds, a variant loads the next row before
-//   reducing the current one.
+//   cluster of C CTAs (C = 1 up to 8) and held in registers; statistics are
+//   reduced in the warp, the block and the cluster (distributed shared
+//   memory), and the gradient is written from the registers: one read, one
+//   write. Rows without a soft cap keep exp(x - thread max), fp32 ones in
+//   place of their logits and 16-bit ones in a FloatTile, so the gradient is
+//   one multiply a logit (TileStatsKeepExp). Rows longer than a cluster holds
+//   are tiled and re-read. For fp32 rows one CTA holds, a variant loads the
+//   next row before reducing the current one.
 // - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse, one
 //   read, one write.
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
