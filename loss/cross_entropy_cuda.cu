@@ -796,7 +796,7 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   }
 }
 
-// The fused pass without options, in one exponential a logit: each logit's
+// The fused pass without a soft cap, in one exponential a logit: each logit's
 // e = exp(x - ref) (ref: the thread's max) is kept in registers, and the
 // gradient is then p = e * exp(ref - lse), one multiply a logit. fp32 tiles
 // keep e over their own logits; 16-bit tiles unpack into a FloatTile of
@@ -811,10 +811,11 @@ struct ExpTileStats {
 };
 
 // R pieces of kW floats in the layout of the 16-bit tile they came from: the
-// kept exponentials of the pass without options, or the unpacked (and soft
-// capped) logits of the pass with them, so that a row is unpacked once
-// (unpacking a raw tile on each use spills the options' kernel). Elements past
-// the vocabulary hold -inf. Unpack ignores its soft cap, applied on filling.
+// kept exponentials of the pass without a soft cap, or the unpacked (and soft
+// capped) logits of the pass with one, so that a row is unpacked once
+// (unpacking a raw tile on each use spilled that kernel by a kilobyte).
+// Elements past the vocabulary hold -inf. Unpack ignores its soft cap, applied
+// on filling.
 template <int R, int kWidth>
 struct FloatTile {
   static constexpr int kW = kWidth;
@@ -1823,11 +1824,11 @@ bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
   return ok;
 }
 
-// The forward without options takes the fast exponential sum (one exponential
-// and add a logit, no tie test; rows whose max dominates are streamed again
-// for the exact pass): 16-bit logits always (issue-bound on two logits a
-// 32-bit word: 75 -> 87% of copy at vocab 131072 on the H200), fp32 from
-// vocab 32768 (0.8% faster there, but 4-5% slower at 4096 and 8192).
+// The forward takes the fast exponential sum (one exponential and add a
+// logit, no tie test; rows whose max dominates are streamed again for the
+// exact pass), with or without options: 16-bit logits always (issue-bound on
+// two logits a 32-bit word: 75 -> 87% of copy at vocab 131072 on the H200),
+// fp32 from vocab 32768 (0.8% faster there, but 4-5% slower at 4096 and 8192).
 constexpr int64_t kFastSumF32Vocab = 32768;
 
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
