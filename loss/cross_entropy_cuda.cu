@@ -568,6 +568,26 @@ __device__ __forceinline__ bool RowNeedsExactPass(const RowStats& total) {
   return !(total.rest >= 1.0f);
 }
 
+// Label smoothing's w_j (1 without class weights); `index` past the row is
+// clamped to its last class, whose weight a masked element never uses.
+__device__ __forceinline__ float SmoothingWeight(const float* weights,
+                                                 int index, int vocab) {
+  return weights != nullptr ? weights[min(index, vocab - 1)] : 1.0f;
+}
+
+// Adds label smoothing's w_j * z_j over the piece at `base` to `sum`, elements
+// past the vocabulary left out.
+template <int kW>
+__device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
+                                               int vocab, const float* weights,
+                                               float& sum) {
+#pragma unroll
+  for (int j = 0; j < kW; ++j) {
+    if (base + j < vocab)
+      sum += weights != nullptr ? weights[base + j] * x[j] : x[j];
+  }
+}
+
 // Sum of exp(x - ref) over a tile, in four independent accumulators. (x - ref)
 // is formed before the scaling by log2(e), so that the largest terms are
 // exact. kKeep also writes each exponential to `kept` (over its own logit for
@@ -590,14 +610,8 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
     const int base = (view.first + r * view.stride) * kW;
     float x[kW];
     tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
-    if (kSmooth && smoothing) {
-#pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        if (base + j < view.vocab)
-          *weighted_sum +=
-              view.weights != nullptr ? view.weights[base + j] * x[j] : x[j];
-      }
-    }
+    if (kSmooth && smoothing)
+      AddWeightedSum<kW>(x, base, view.vocab, view.weights, *weighted_sum);
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       x[j] = FastExp2((x[j] - ref) * kLog2e);
@@ -660,8 +674,7 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   // kFastSum: the sum with the max's own exact 1 in it, one exponential and
   // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
   // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
-  constexpr bool kFast = kFastSum;
-  if (kFast) {
+  if (kFastSum) {
     s.rest = TileExpSum<R, false, kOpt>(tile, view, ExpReference(s.max)) - 1.0f;
   } else if (s.max != NegInf()) {
 #pragma unroll
@@ -704,16 +717,10 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
         if (base + j == target_in_row) s.target_logit = x[j];
       }
     }
-    if (smoothing) {
-#pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        if (base + j < view.vocab)
-          s.weighted_sum +=
-              weights != nullptr ? weights[base + j] * x[j] : x[j];
-      }
-    }
+    if (smoothing)
+      AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
   }
-  if (!kFast) {
+  if (!kFastSum) {
     const float others =
         (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]) + nan_probe;
     s.rest = s.max == NegInf() ? -1.0f + nan_probe : others + (ties - 1.0f);
@@ -766,11 +773,8 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
       // The argument is formed before the scaling by log2(e): exact for the
       // large p.
       g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e);
-      if (kOpt) {
-        const float w =
-            weights != nullptr ? weights[min(base + j, view.vocab - 1)] : 1.0f;
-        g[j] -= smooth_w * w;
-      }
+      if (kOpt)
+        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
     }
     if (static_cast<unsigned>(target_in_row - base) <
         static_cast<unsigned>(kW)) {
@@ -779,9 +783,9 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         if (base + j == target_in_row) {
-          const float w = weights != nullptr ? weights[base + j] : 1.0f;
           g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
-                 (gc.coef - gc.target_coef) - smooth_w * w;
+                 (gc.coef - gc.target_coef) -
+                 smooth_w * SmoothingWeight(weights, base + j, view.vocab);
         }
       }
     }
@@ -950,11 +954,8 @@ __device__ __forceinline__ void TileGradFromExp(
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       g[j] *= scale;
-      if (kOpt) {
-        const float w =
-            weights != nullptr ? weights[min(base + j, view.vocab - 1)] : 1.0f;
-        g[j] -= smooth_w * w;
-      }
+      if (kOpt)
+        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
     }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
@@ -964,10 +965,11 @@ __device__ __forceinline__ void TileGradFromExp(
   if (c.valid_target) {
     const int piece = static_cast<int>(c.target) / kW - view.first;
     if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
-      const float w = weights != nullptr ? weights[c.target] : 1.0f;
       grad_row[c.target] = FromFloat<G>(
           gc.coef * expm1f((target_logit - gc.shift) - gc.log_sum) +
-          (gc.coef - gc.target_coef) - smooth_w * w);
+          (gc.coef - gc.target_coef) -
+          smooth_w *
+              SmoothingWeight(weights, static_cast<int>(c.target), view.vocab));
     }
   }
 }
@@ -1062,6 +1064,23 @@ __device__ __forceinline__ void RowFromKeptExp(
                                      total.target_logit);
 }
 
+// One row in the exact pass: the statistics of `tile`, the loss and (kGrad)
+// the gradient, with a second exponential a logit.
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
+__device__ __forceinline__ void RowFromExactPass(
+    const RowArgs& args, int64_t row, const TileT& tile, const RowView& view,
+    RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
+    int& parity, bool writer, ScanState& scan) {
+  const RowStats total = ReduceRow<kOpt>(
+      TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
+      cluster_size, parity);
+  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  if constexpr (kGrad) {
+    G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+  }
+}
+
 // One row of a register kernel whose tile holds the whole row (tiles == 1):
 // statistics, loss and gradient from the registers. Vectorized rows without
 // a soft cap take one exponential a logit (RowFromKeptExp).
@@ -1071,7 +1090,6 @@ __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
     int& parity, bool writer, ScanState& scan) {
-  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
   using FloatTileT = FloatTile<R, TileT::kW>;
   constexpr bool k16BitVec =
       TileT::kW > 1 && sizeof(typename TileT::Element) == 2;
@@ -1097,18 +1115,14 @@ __device__ __forceinline__ void RowFromRegisters(
   if constexpr (kGrad && kOpt && k16BitVec) {
     FloatTileT floats;
     floats.Fill(tile, view);
-    const RowStats total = ReduceRow<kOpt>(
-        TileStats<FloatTileT, R, kOpt>(floats, view, c.target, smoothing),
-        shared, cluster_size, parity);
-    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
-    TileGrad<G, FloatTileT, R, kOpt>(floats, view, grad_row, gc, c);
-    return;
+    RowFromExactPass<G, FloatTileT, R, kGrad, kOpt>(
+        args, row, floats, view, c, smoothing, shared, cluster_size, parity,
+        writer, scan);
+  } else {
+    RowFromExactPass<G, TileT, R, kGrad, kOpt>(args, row, tile, view, c,
+                                               smoothing, shared, cluster_size,
+                                               parity, writer, scan);
   }
-  const RowStats total = ReduceRow<kOpt>(
-      TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
-      cluster_size, parity);
-  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
-  if constexpr (kGrad) TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
 }
 
 // Rows longer than the cluster's registers hold: tiles of each are read for the
