@@ -225,8 +225,9 @@ absl::Status CudaBackend::Begin() {
   const cublasComputeType_t compute =
       operand_ == DType::kF32 && options.use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                   : CUBLAS_COMPUTE_32F;
-  gemm_ = std::make_unique<GemmRunner>(lt, lt_workspace,
-                                       plan_.gemm_workspace_bytes, compute);
+  ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(context_));
+  gemm_ = std::make_unique<GemmRunner>(
+      lt, lt_workspace, plan_.gemm_workspace_bytes, compute, tuning);
 
   if (plan_.overlap_streams) {
     // The cross-entropy stream gets the higher priority, so that its blocks

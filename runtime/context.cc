@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
 
 Context::~Context() {
   gemm_runner_.reset();
+  gemm_tuning_.reset();
   workspace_.Reset();
   cublaslt_workspace_.Reset();
 #ifdef LOSSRT_WITH_CUDA
@@ -128,15 +129,40 @@ absl::StatusOr<void*> Context::cublaslt_workspace() {
   return cublaslt_workspace_.data();
 }
 
+absl::StatusOr<void*> Context::gemm_tuning() {
+  RETURN_IF_ERROR(RequireCuda(device_, "gemm_tuning()"));
+#ifdef LOSSRT_WITH_CUDA
+  if (gemm_tuning_ == nullptr) {
+    gemm_tuning_ = std::unique_ptr<void, void (*)(void*)>(
+        new GemmTuning,
+        [](void* tuning) { delete static_cast<GemmTuning*>(tuning); });
+  }
+#endif
+  return gemm_tuning_.get();
+}
+
+absl::Status Context::set_gemm_tuning(bool enabled) {
+  ASSIGN_OR_RETURN(void* tuning, gemm_tuning());
+#ifdef LOSSRT_WITH_CUDA
+  static_cast<GemmTuning*>(tuning)->set_enabled(enabled);
+#else
+  (void)tuning;
+  (void)enabled;
+#endif
+  return absl::OkStatus();
+}
+
 absl::StatusOr<void*> Context::gemm_runner() {
   RETURN_IF_ERROR(RequireCuda(device_, "gemm_runner()"));
 #ifdef LOSSRT_WITH_CUDA
   if (gemm_runner_ == nullptr) {
     ASSIGN_OR_RETURN(void* handle, cublaslt_handle());
     ASSIGN_OR_RETURN(void* workspace, cublaslt_workspace());
+    ASSIGN_OR_RETURN(void* tuning, gemm_tuning());
     gemm_runner_ = std::unique_ptr<void, void (*)(void*)>(
         new GemmRunner(static_cast<cublasLtHandle_t>(handle), workspace,
-                       kCublasLtWorkspaceBytes, CUBLAS_COMPUTE_32F),
+                       kCublasLtWorkspaceBytes, CUBLAS_COMPUTE_32F,
+                       static_cast<GemmTuning*>(tuning)),
         [](void* runner) { delete static_cast<GemmRunner*>(runner); });
   }
 #endif

@@ -51,6 +51,13 @@ class Context {
   // The context's cuBLASLt plan cache (a GemmRunner, runtime/cuda_gemm.h, on
   // the cuBLASLt handle and workspace; created on first use).
   absl::StatusOr<void*> gemm_runner();
+  // The table of algorithms that the context's GEMMs chose by timing cuBLASLt's
+  // candidates on a shape's first call (a GemmTuning, runtime/cuda_gemm.h;
+  // created on first use). On by default; off, shapes not yet seen take the
+  // heuristic's first choice untimed. Either way the results are bitwise the
+  // same: tuning keeps only candidates that write the first choice's bits.
+  absl::StatusOr<void*> gemm_tuning();
+  absl::Status set_gemm_tuning(bool enabled);
 
   // Scratch memory of at least `bytes` for ops; grows (allocates) only when a
   // call needs more than any call before; ReserveWorkspace does that growth
@@ -75,6 +82,7 @@ class Context {
   void* cublas_ = nullptr;
   void* cublaslt_ = nullptr;
   Buffer cublaslt_workspace_;
+  std::unique_ptr<void, void (*)(void*)> gemm_tuning_{nullptr, nullptr};
   std::unique_ptr<void, void (*)(void*)> gemm_runner_{nullptr, nullptr};
   Buffer workspace_;
 };

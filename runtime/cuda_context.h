@@ -36,6 +36,13 @@ inline absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context) {
   return static_cast<GemmRunner*>(runner);
 }
 
+// The context's table of tuned GEMM algorithms, for runners that an op makes
+// with its own workspace size or compute type.
+inline absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context) {
+  ASSIGN_OR_RETURN(void* tuning, context.gemm_tuning());
+  return static_cast<GemmTuning*>(tuning);
+}
+
 }  // namespace lossrt
 
 #endif  // LOSSRT_RUNTIME_CUDA_CONTEXT_H_

@@ -1,10 +1,12 @@
 // cuBLASLt GEMMs with plans cached per call shape.
 #include "runtime/cuda_gemm.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda_status.h"
+#include "runtime/gemm_checksum.h"
 #include "runtime/status.h"
 
 namespace lossrt {
@@ -36,24 +38,147 @@ GemmRunner::Entry::~Entry() {
   if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
 }
 
-absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
-  ASSIGN_OR_RETURN(Entry * entry, Find(call));
+const cublasLtMatmulAlgo_t* GemmTuning::Find(const Key& key) const {
+  for (const auto& [tuned_key, algo] : chosen_) {
+    if (tuned_key == key) return &algo;
+  }
+  return nullptr;
+}
+
+void GemmTuning::Add(const Key& key, const cublasLtMatmulAlgo_t& algo) {
+  chosen_.emplace_back(key, algo);
+}
+
+namespace {
+
+// Whether running the call twice leaves what running it once does: D is not
+// also its input (C, an operand, or the GELU derivative's saved input).
+bool Repeatable(const GemmCall& call) {
+  const bool reads_d =
+      call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
+  const bool aux_is_d =
+      call.epilogue == GemmEpilogue::kDGelu && call.aux == call.d;
+  return !reads_d && !aux_is_d && call.a.data != call.d &&
+         call.b.data != call.d;
+}
+
+int64_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+
+}  // namespace
+
+absl::Status GemmRunner::Launch(const Entry& entry,
+                                const cublasLtMatmulAlgo_t& algo,
+                                const GemmCall& call, cudaStream_t stream) {
   if (call.bias != nullptr) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+        entry.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
         sizeof(call.bias)));
   }
   if (call.epilogue != GemmEpilogue::kNone) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        entry->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+        entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
         sizeof(call.aux)));
   }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-      handle_, entry->desc, &call.alpha, call.a.data, entry->a, call.b.data,
-      entry->b, &call.beta, call.c != nullptr ? call.c : call.d, entry->d,
-      call.d, entry->d, &entry->algo, workspace_,
-      static_cast<size_t>(workspace_bytes_), stream));
+      handle_, entry.desc, &call.alpha, call.a.data, entry.a, call.b.data,
+      entry.b, &call.beta, call.c != nullptr ? call.c : call.d, entry.d, call.d,
+      entry.d, &algo, workspace_, static_cast<size_t>(workspace_bytes_),
+      stream));
   return absl::OkStatus();
+}
+
+absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
+  ASSIGN_OR_RETURN(Entry * entry, Find(call));
+  if (!entry->tuned) {
+    if (const cublasLtMatmulAlgo_t* chosen =
+            tuning_->Find(TuningKeyOf(*entry))) {
+      // Timed before (by this runner, or another on the same table, perhaps
+      // for the same GEMM with beta = 0: the candidates do not depend on it).
+      entry->algo = *chosen;
+      entry->tuned = true;
+    } else {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+      if (capture == cudaStreamCaptureStatusNone && Repeatable(call) &&
+          call.m > 0 && call.n > 0) {
+        return Tune(*entry, call, stream);
+      }
+    }
+  }
+  return Launch(*entry, entry->algo, call, stream);
+}
+
+absl::Status GemmRunner::Tune(Entry& entry, const GemmCall& call,
+                              cudaStream_t stream) {
+  entry.tuned = true;
+  const GemmTuning::Key key = TuningKeyOf(entry);
+  if (entry.candidates.size() < 2) {
+    tuning_->Add(key, entry.algo);
+    return Launch(entry, entry.algo, call, stream);
+  }
+  // The checksum lands in the GEMM workspace, which this stream's GEMMs use
+  // only while they run.
+  auto* sum = static_cast<unsigned long long*>(workspace_);
+  const int64_t element = ElementBytes(call.d_type);
+  auto checksum = [&]() -> absl::StatusOr<unsigned long long> {
+    CUDA_RETURN_IF_ERROR(LaunchGemmChecksum(call.d, call.m * element, call.n,
+                                            call.ld_d * element, sum, stream));
+    unsigned long long host = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, sum, sizeof(host),
+                                         cudaMemcpyDeviceToHost, stream));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return host;
+  };
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> start_guard(
+      start, cudaEventDestroy);
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> stop_guard(
+      stop, cudaEventDestroy);
+  constexpr int kTimedRuns = 3;
+  unsigned long long reference = 0;
+  float best_ms = 0;
+  size_t best = 0;
+  for (size_t i = 0; i < entry.candidates.size(); ++i) {
+    const cublasLtMatmulAlgo_t& algo = entry.candidates[i];
+    // A candidate that fails to launch is skipped; the first must work.
+    const absl::Status first = Launch(entry, algo, call, stream);
+    if (!first.ok()) {
+      if (i == 0) return first;
+      continue;
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
+    for (int run = 0; run < kTimedRuns; ++run) {
+      RETURN_IF_ERROR(Launch(entry, algo, call, stream));
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
+    ASSIGN_OR_RETURN(const unsigned long long bits, checksum());
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+    if (i == 0) {
+      reference = bits;
+      best_ms = ms;
+    } else if (bits == reference && ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  entry.algo = entry.candidates[best];
+  tuning_->Add(key, entry.algo);
+  // D holds the last candidate's output, perhaps not the chosen one's.
+  return Launch(entry, entry.algo, call, stream);
+}
+
+GemmTuning::Key GemmRunner::TuningKeyOf(const Entry& entry) const {
+  GemmTuning::Key key;
+  std::copy(entry.key.begin(), entry.key.end(), key.begin());
+  key[19] = 0;  // beta != 0: the heuristic's candidates do not depend on it
+  key[24] = static_cast<int64_t>(compute_type_);
+  key[25] = workspace_bytes_;
+  key[26] = reinterpret_cast<intptr_t>(handle_);
+  return key;
 }
 
 GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
@@ -171,11 +296,14 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignment_c,
       sizeof(alignment_c)));
-  cublasLtMatmulHeuristicResult_t result = {};
+  std::array<cublasLtMatmulHeuristicResult_t, kGemmTuningCandidates> results =
+      {};
   int found = 0;
+  const bool tune =
+      tuning_ != nullptr && tuning_->enabled() && workspace_bytes_ >= 8;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       handle_, entry->desc, entry->a, entry->b, entry->d, entry->d, preference,
-      1, &result, &found);
+      tune ? kGemmTuningCandidates : 1, results.data(), &found);
   if (heuristic != CUBLAS_STATUS_SUCCESS || found == 0) {
     // Remembered, so that a caller with a fallback does not ask again.
     cache_.push_back(std::move(entry));
@@ -184,7 +312,15 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
         call.a.ld, ", ", call.b.ld, ", ", call.ld_d, ")"));
   }
   entry->found = true;
-  entry->algo = result.algo;
+  entry->algo = results[0].algo;
+  entry->tuned = !tune;
+  if (tune) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        entry->candidates.push_back(results[i].algo);
+      }
+    }
+  }
   cache_.push_back(std::move(entry));
   return cache_.back().get();
 }

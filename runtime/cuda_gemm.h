@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,21 +69,53 @@ struct GemmCall {
   int64_t ld_aux = 0;
 };
 
-// cuBLASLt descriptors and the heuristic's algorithm, cached per call shape
+// The algorithms that timing chose, per call shape, compute type and
+// workspace size: shared by the runners of one context, so that a shape is
+// timed once per context. Not thread-safe (nor are the runners).
+//
+// Why: cuBLASLt's first heuristic choice is not always its fastest
+// candidate. Measured on the H200 (2026-11-30, bf16 in, fp32 out): the
+// linear cross-entropy's d_weight GEMM (4096 x 128256 x 2048, accumulating)
+// took 3.29 ms with it and 2.48 ms with the sixth candidate; its logits GEMM
+// at H = 768 took 0.51 against 0.41 ms.
+class GemmTuning {
+ public:
+  using Key = std::array<int64_t, 27>;
+  // Off: runners take the heuristic's first choice for shapes they have not
+  // seen (what they chose before stays).
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
+  const cublasLtMatmulAlgo_t* Find(const Key& key) const;
+  void Add(const Key& key, const cublasLtMatmulAlgo_t& algo);
+  int64_t size() const { return static_cast<int64_t>(chosen_.size()); }
+
+ private:
+  bool enabled_ = true;
+  std::vector<std::pair<Key, cublasLtMatmulAlgo_t>> chosen_;
+};
+
+// How many of the heuristic's candidates a tuned shape times.
+inline constexpr int kGemmTuningCandidates = 8;
+
+// cuBLASLt descriptors and the chosen algorithm, cached per call shape
 // (types, sizes, leading dimensions, transposes, alignments, bias, beta != 0).
 class GemmRunner {
  public:
+  // `tuning` (may be null: the heuristic's first choice, untimed) must outlive
+  // the runner. Tuning needs at least 8 bytes of workspace.
   GemmRunner(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
-             cublasComputeType_t compute_type)
+             cublasComputeType_t compute_type, GemmTuning* tuning = nullptr)
       : handle_(handle),
         workspace_(workspace),
         workspace_bytes_(workspace_bytes),
-        compute_type_(compute_type) {}
+        compute_type_(compute_type),
+        tuning_(tuning) {}
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   // Unimplemented (cached, so asking again is cheap) when cuBLASLt has no
   // algorithm for the call: callers with another way can fall back to it.
+  // The first call of a shape may synchronize the stream (tuning).
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
  private:
@@ -94,16 +127,26 @@ class GemmRunner {
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t d = nullptr;
     cublasLtMatmulAlgo_t algo;
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, in order
     bool found = false;  // the heuristic gave an algorithm
+    bool tuned = false;  // `algo` is final
     ~Entry();
   };
   static Key KeyOf(const GemmCall& call);
+  GemmTuning::Key TuningKeyOf(const Entry& entry) const;
   absl::StatusOr<Entry*> Find(const GemmCall& call);
+  absl::Status Launch(const Entry& entry, const cublasLtMatmulAlgo_t& algo,
+                      const GemmCall& call, cudaStream_t stream);
+  // Times the candidates on the call itself (it must be safe to repeat) and
+  // keeps the fastest whose output matches the first candidate's bit for bit;
+  // leaves the call's result in D.
+  absl::Status Tune(Entry& entry, const GemmCall& call, cudaStream_t stream);
 
   cublasLtHandle_t handle_;
   void* workspace_;
   int64_t workspace_bytes_;
   cublasComputeType_t compute_type_;
+  GemmTuning* tuning_;
   std::vector<std::unique_ptr<Entry>> cache_;
 };
 
