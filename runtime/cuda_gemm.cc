@@ -51,18 +51,47 @@ void GemmTuning::Add(const Key& key, const cublasLtMatmulAlgo_t& algo) {
 
 namespace {
 
-// Whether running the call twice leaves what running it once does: D is not
-// also its input (C, an operand, or the GELU derivative's saved input).
-bool Repeatable(const GemmCall& call) {
-  const bool reads_d =
-      call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
-  const bool aux_is_d =
-      call.epilogue == GemmEpilogue::kDGelu && call.aux == call.d;
-  return !reads_d && !aux_is_d && call.a.data != call.d &&
-         call.b.data != call.d;
+int64_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+
+// The bytes [begin, end) that a column-major matrix spans.
+struct Span {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool Overlaps(const Span& other) const {
+    return begin < other.end && other.begin < end;
+  }
+};
+
+Span SpanOf(const void* data, int64_t rows, int64_t cols, int64_t ld,
+            int64_t element) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  if (data == nullptr || rows <= 0 || cols <= 0) return {begin, begin};
+  return {begin,
+          begin + static_cast<uintptr_t>(((cols - 1) * ld + rows) * element)};
 }
 
-int64_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+// Whether running the call twice leaves what running it once does: nothing it
+// reads (the operands, C when beta != 0, the GELU derivative's saved input)
+// shares a byte with D. Tuning runs a call several times.
+bool Repeatable(const GemmCall& call) {
+  const int64_t d_element = ElementBytes(call.d_type);
+  const Span d = SpanOf(call.d, call.m, call.n, call.ld_d, d_element);
+  std::vector<Span> inputs = {SpanOf(call.a.data, call.a.rows, call.a.cols,
+                                     call.a.ld, ElementBytes(call.a.type)),
+                              SpanOf(call.b.data, call.b.rows, call.b.cols,
+                                     call.b.ld, ElementBytes(call.b.type))};
+  if (call.beta != 0.0f) {
+    inputs.push_back(SpanOf(call.c != nullptr ? call.c : call.d, call.m, call.n,
+                            call.ld_d, d_element));
+  }
+  if (call.epilogue == GemmEpilogue::kDGelu) {
+    inputs.push_back(SpanOf(call.aux, call.m, call.n, call.ld_aux, d_element));
+  }
+  for (const Span& input : inputs) {
+    if (input.Overlaps(d)) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
