@@ -3,8 +3,12 @@
 // and each dtype, the median time of forward (loss only), backward (from a
 // saved lse) and fused forward+backward, as GB/s, as a fraction of the HBM peak
 // (from the memory clock and bus width) and of the device-to-device copy rate
-// measured at the start of the same run. Without a GPU it runs the CPU backend
-// on a smaller size and says so.
+// measured at the start of the same run. On a GPU each case also times two
+// plain kernels over the same bytes, the ceilings of that size (small sizes
+// stay below the large-copy rate: launch, ramp and tail weigh on them): a
+// read-and-sum for the forward, which only reads the logits, and a copy for
+// backward and fused, which also write as many gradient bytes. Without a GPU
+// it runs the CPU backend on a smaller size and says so.
 #include "loss/cross_entropy.h"
 
 #include <algorithm>
@@ -12,6 +16,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +37,10 @@
 
 #ifdef LOSSRT_WITH_CUDA
 #include "bench/bench_util.h"
+#include "bench/ceiling_kernels.h"
 #include "loss/cross_entropy_cuda.h"
 #include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
 #endif
 
 ABSL_FLAG(int64_t, tokens, 16384, "tokens (rows of the logits)");
@@ -66,6 +74,14 @@ struct Check {
   double grad_error = -1;
 };
 
+// Median microseconds of the fastest plain kernels over one case's logits
+// bytes: a read-and-sum (read_us) and a copy to another buffer (copy_us). 0
+// where not measured (the CPU backend).
+struct Ceilings {
+  double read_us = 0;
+  double copy_us = 0;
+};
+
 struct Row {
   std::string dtype;
   int64_t vocab;
@@ -73,6 +89,7 @@ struct Row {
   double us;
   double bytes;
   Check check;
+  Ceilings ceilings;
 };
 
 // Runs the fused op on the GPU, then the CPU backend on copies of the first
@@ -159,6 +176,53 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
 }
 
 #ifdef LOSSRT_WITH_CUDA
+// Times the plain read-and-sum and copy kernels over the first `bytes` bytes
+// of `inputs`, used in turn like the ops' timings so that every read misses
+// L2, the copies writing to `dst`. Keeps the fastest grid (and copy variant)
+// of each: a ceiling is what the best plain kernel reaches at this size.
+absl::StatusOr<Ceilings> MeasureCeilings(Context& context,
+                                         const std::vector<OwnedTensor>& inputs,
+                                         void* dst, int64_t bytes, int sm_count,
+                                         int warmup, int repeats) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  // Written only if the sum is impossible: it keeps the loads alive.
+  ASSIGN_OR_RETURN(Buffer sink, context.allocator().Allocate(sizeof(float)));
+  const int sets = static_cast<int>(inputs.size());
+  auto median_us = [&](const std::function<cudaError_t(const void*)>& launch)
+      -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(
+        double ms,
+        bench::MedianMs(stream, warmup, repeats, [&](int i) -> absl::Status {
+          CUDA_RETURN_IF_ERROR(launch(inputs[i % sets].view.data));
+          return absl::OkStatus();
+        }));
+    return ms * 1e3;
+  };
+  Ceilings ceilings{std::numeric_limits<double>::infinity(),
+                    std::numeric_limits<double>::infinity()};
+  // No one grid wins at every size (bench/plots/ceilings_h200_2026-11-30p.txt:
+  // 8, 16 or 32 blocks per SM for the read), so each is tried.
+  for (int blocks_per_sm : {8, 16, 32}) {
+    ASSIGN_OR_RETURN(double us, median_us([&](const void* src) {
+                       return bench::LaunchReadSum(
+                           src, bytes, blocks_per_sm * sm_count,
+                           sink.data_as<float>(), stream);
+                     }));
+    ceilings.read_us = std::min(ceilings.read_us, us);
+  }
+  for (bench::CopyVariant variant : bench::kCopyVariants) {
+    for (int blocks_per_sm : {2, 4, 8, 16}) {
+      ASSIGN_OR_RETURN(double us, median_us([&](const void* src) {
+                         return bench::LaunchCopy(src, dst, bytes, variant,
+                                                  blocks_per_sm * sm_count,
+                                                  stream);
+                       }));
+      ceilings.copy_us = std::min(ceilings.copy_us, us);
+    }
+  }
+  return ceilings;
+}
+
 // Times LaunchRows / LaunchBackward over launch variants; prints GB/s against
 // the copy rate.
 absl::Status Sweep(Context& context, int64_t tokens,
@@ -268,6 +332,9 @@ absl::Status Run() {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   double copy_rate = 0, hbm_peak = 0;
   std::string device_name = "cpu";
+#ifdef LOSSRT_WITH_CUDA
+  int sm_count = 0;  // sizes the ceiling kernels' grids
+#endif
   if (device.is_cpu()) {
     tokens = std::min<int64_t>(tokens, 256);
     std::printf(
@@ -278,6 +345,7 @@ absl::Status Run() {
 #ifdef LOSSRT_WITH_CUDA
     ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(device));
     device_name = info.name;
+    sm_count = info.sm_count;
     hbm_peak = info.PeakMemoryBandwidthBytesPerSecond();
     ASSIGN_OR_RETURN(copy_rate,
                      bench::CopyBandwidth(*context, int64_t{2} << 30));
@@ -328,6 +396,17 @@ absl::Status Run() {
           context->ReserveWorkspace(CrossEntropyWorkspaceBytes(tokens, vocab)));
       const double bytes_read =
           static_cast<double>(tokens) * vocab * DTypeSize(dtype);
+      // Once per case, not per op: the ceilings depend only on the bytes. The
+      // copies write to the gradient, as backward and fused do.
+      Ceilings ceilings;
+#ifdef LOSSRT_WITH_CUDA
+      if (!device.is_cpu()) {
+        ASSIGN_OR_RETURN(ceilings,
+                         MeasureCeilings(*context, logits, grad.view.data,
+                                         tokens * vocab * DTypeSize(dtype),
+                                         sm_count, warmup, repeats));
+      }
+#endif
       struct Op {
         const char* name;
         double bytes;
@@ -374,6 +453,7 @@ absl::Status Run() {
         }
         rows.push_back(
             Row{std::string(dtype_name), vocab, op.name, ms * 1e3, op.bytes});
+        rows.back().ceilings = ceilings;
       }
       RETURN_IF_ERROR(context->Synchronize());
       if (!device.is_cpu()) {
@@ -389,17 +469,30 @@ absl::Status Run() {
       "label_smoothing=%g, softcap=%g, %s\n",
       static_cast<long long>(tokens), options.validate_targets ? 1 : 0,
       options.label_smoothing, options.softcap, device_name.c_str());
-  std::printf("%-5s %7s %-9s %10s %8s %8s %8s %10s %10s\n", "dtype", "vocab",
-              "op", "median_us", "GB/s", "%HBM", "%copy", "lse_err",
+  std::printf(
+      "%%ceiling: plain-kernel time / ours; forward against the read ceiling, "
+      "backward and fused against the copy ceiling\n");
+  // The check columns stay last: only a case's last row has them.
+  std::printf("%-5s %7s %-9s %10s %8s %8s %8s %12s %12s %8s %10s %10s\n",
+              "dtype", "vocab", "op", "median_us", "GB/s", "%HBM", "%copy",
+              "read_ceil_us", "copy_ceil_us", "%ceiling", "lse_err",
               "grad_err");
   std::ofstream json;
   if (!absl::GetFlag(FLAGS_json).empty()) json.open(absl::GetFlag(FLAGS_json));
   for (const Row& row : rows) {
     const double rate = row.bytes / (row.us * 1e-6);
-    std::printf("%-5s %7lld %-9s %10.1f %8.0f %8.1f %8.1f", row.dtype.c_str(),
-                static_cast<long long>(row.vocab), row.op.c_str(), row.us,
-                rate / 1e9, hbm_peak > 0 ? 100 * rate / hbm_peak : 0.0,
-                copy_rate > 0 ? 100 * rate / copy_rate : 0.0);
+    // The forward only reads the logits; backward and fused also write the
+    // gradient, as many bytes again.
+    const bool reads_only = row.op == "forward";
+    const double ceiling_us =
+        reads_only ? row.ceilings.read_us : row.ceilings.copy_us;
+    const double ceiling_pct = ceiling_us > 0 ? 100 * ceiling_us / row.us : 0.0;
+    std::printf("%-5s %7lld %-9s %10.1f %8.0f %8.1f %8.1f %12.1f %12.1f %8.1f",
+                row.dtype.c_str(), static_cast<long long>(row.vocab),
+                row.op.c_str(), row.us, rate / 1e9,
+                hbm_peak > 0 ? 100 * rate / hbm_peak : 0.0,
+                copy_rate > 0 ? 100 * rate / copy_rate : 0.0,
+                row.ceilings.read_us, row.ceilings.copy_us, ceiling_pct);
     if (row.check.lse_error >= 0) {
       std::printf(" %10.2e %10.2e\n", row.check.lse_error,
                   row.check.grad_error);
@@ -412,11 +505,13 @@ absl::Status Run() {
           "\"%s\", \"op\": \"%s\", \"median_us\": %.2f, "
           "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
           "\"validate_targets\": %s, \"label_smoothing\": %g, "
-          "\"softcap\": %g}\n",
+          "\"softcap\": %g, \"read_ceiling_us\": %.2f, "
+          "\"copy_ceiling_us\": %.2f, \"%s\": %.1f}\n",
           device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
           hbm_peak / 1e9, copy_rate / 1e9,
           options.validate_targets ? "true" : "false", options.label_smoothing,
-          options.softcap);
+          options.softcap, row.ceilings.read_us, row.ceilings.copy_us,
+          reads_only ? "read_ceiling_pct" : "copy_ceiling_pct", ceiling_pct);
     }
   }
   return absl::OkStatus();
