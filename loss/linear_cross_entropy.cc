@@ -83,6 +83,13 @@ struct Rates {
 // then it saved only 3-5%, so the estimates below assume it hides nothing.
 constexpr double kOverlapMinGemmToCeRatio = 3.0;
 
+// With tuned GEMMs (2026-11-30, H200, bf16, H = 4096), the second stream paid
+// only where the token chunks were at most two: 4096 x 4096 x 128256 in 2
+// chunks took 20.0-20.6 ms with it and 21.4-22.6 without; 16384 tokens in 8
+// chunks 82.8-84.4 against 79.9-82.5 ms, and at 256 MiB (9 and 34 chunks)
+// 28.4 against 27.1 and 114.8 against 110.2 ms.
+constexpr int64_t kOverlapMaxTokenChunks = 2;
+
 // The two-pass schedule ran about 8% above its estimate on the H200 (its
 // second pass's launches and slice kernels): a tie goes to token chunks.
 constexpr double kTwoPassOverhead = 1.08;
@@ -271,7 +278,8 @@ Candidate PlanSchedule(const PlanInput& in,
       (backward ? 4.0 + costs.ge : 4.0) / rates.ce_bytes_per_second;
   plan.overlap_streams =
       in.overlap_streams && in.device == DeviceKind::kCuda &&
-      gemm_per_logit >= kOverlapMinGemmToCeRatio * ce_per_logit;
+      gemm_per_logit >= kOverlapMinGemmToCeRatio * ce_per_logit &&
+      (!token_chunks || plan.num_chunks <= kOverlapMaxTokenChunks);
   // The first chunk, the full ones after it and the last (the same for slices).
   double seconds = 0;
   if (plan.num_chunks > 0) {
