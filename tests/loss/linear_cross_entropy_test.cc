@@ -908,6 +908,31 @@ TEST(LinearCrossEntropyPlanTest, BenchmarkShapes) {
   }
 }
 
+// The planner's measured choices (H200, bench/RESULTS.md at d6c85d2 and
+// 1d22b11): the second stream only over at most two token chunks, and token
+// chunks leave most of a small budget to the logits (1/64 to the GEMMs).
+TEST(LinearCrossEntropyPlanTest, StreamsAndGemmWorkspaceFollowTheMeasurements) {
+  const absl::StatusOr<lce::Plan> two_chunks =
+      lce::MakePlan(BenchPlanInput(4096, 4096, 128256, kGiB, DType::kF32));
+  ASSERT_OK(two_chunks.status());
+  EXPECT_EQ(two_chunks->num_chunks, 2);
+  EXPECT_TRUE(two_chunks->overlap_streams) << two_chunks->ToString();
+
+  const absl::StatusOr<lce::Plan> eight_chunks =
+      lce::MakePlan(BenchPlanInput(16384, 4096, 128256, kGiB, DType::kF32));
+  ASSERT_OK(eight_chunks.status());
+  EXPECT_EQ(eight_chunks->num_chunks, 8);
+  EXPECT_FALSE(eight_chunks->overlap_streams) << eight_chunks->ToString();
+
+  const absl::StatusOr<lce::Plan> small = lce::MakePlan(
+      BenchPlanInput(4096, 4096, 128256, int64_t{256} << 20, DType::kF32));
+  ASSERT_OK(small.status());
+  EXPECT_EQ(small->schedule, LinearCrossEntropySchedule::kTokenChunks);
+  EXPECT_EQ(small->gemm_workspace_bytes, int64_t{4} << 20);
+  EXPECT_EQ(small->chunk_rows, 512) << small->ToString();
+  EXPECT_LE(small->total_bytes, int64_t{256} << 20);
+}
+
 // ---------------------------------------------------------------------------------------
 // Special cases on every backend.
 
