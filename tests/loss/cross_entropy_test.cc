@@ -899,8 +899,8 @@ std::vector<Scenario> AllScenarios() {
         {1, 50257, 0, false},
         {7, 50257, 0, false},
         {7, 50257, 3, true},
-        // Rows the GPU's register kernel splits over a cluster of 16 CTAs,
-        // and rows even 16 hold only in two tiles.
+        // Rows too long for one tile of the GPU's largest (8-CTA) cluster,
+        // which it holds in two tiles.
         {5, 200003, 0, false},
         {3, 270001, 0, false},
     };
