@@ -229,14 +229,15 @@ absl::Status Sweep(Context& context, int64_t tokens,
                    const std::vector<int64_t>& vocabs, double copy_rate) {
   struct Variant {
     const char* name;
-    int kernel, stages, blocks_per_sm;
+    int kernel, stages, blocks_per_sm, warps_per_row;
   };
   // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
   // pipelined backward, 3 warp per row (forward; fused as two streaming
-  // passes).
+  // passes). warp/gN: N warps share a row.
   const std::vector<Variant> variants = {
-      {"auto", 0, 0, 0},    {"cluster", 1, 0, 0}, {"warp", 3, 0, 0},
-      {"warp/b2", 3, 0, 2}, {"pipe/s3", 2, 3, 0},
+      {"auto", 0, 0, 0, 0},    {"cluster", 1, 0, 0, 0}, {"warp", 3, 0, 0, 1},
+      {"warp/g2", 3, 0, 0, 2}, {"warp/g4", 3, 0, 0, 4}, {"warp/g8", 3, 0, 0, 8},
+      {"warp/b2", 3, 0, 2, 1}, {"pipe/s3", 2, 3, 0, 0},
   };
 
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
@@ -245,8 +246,9 @@ absl::Status Sweep(Context& context, int64_t tokens,
       "\nsweep: tokens=%lld; %%copy of fwd counts one read, fused/bwd "
       "read+write\n",
       static_cast<long long>(tokens));
-  std::printf("%5s %7s %-11s %10s %10s %10s\n", "dtype", "vocab", "variant",
-              "fwd%copy", "fused%copy", "bwd%copy");
+  std::printf("%5s %7s %-11s %10s %10s %10s %9s %9s %9s\n", "dtype", "vocab",
+              "variant", "fwd%copy", "fused%copy", "bwd%copy", "fwd_us",
+              "fused_us", "bwd_us");
   uint64_t seed = 1234;
   for (DType dtype : {DType::kF32, DType::kBF16})
     for (int64_t vocab : vocabs) {
@@ -284,7 +286,8 @@ absl::Status Sweep(Context& context, int64_t tokens,
         args.tune_stages = variant.stages;
         args.tune_kernel = variant.kernel;
         args.tune_blocks_per_sm = variant.blocks_per_sm;
-        double pct[3];
+        args.tune_warps_per_row = variant.warps_per_row;
+        double pct[3], us[3];
         for (int op = 0; op < 3; ++op) {
           ce::RowArgs run = args;
           if (op > 0) {
@@ -299,16 +302,17 @@ absl::Status Sweep(Context& context, int64_t tokens,
           };
           auto ms = bench::MedianMs(stream, 3, 15, fn);
           if (!ms.ok()) {
-            pct[op] = -1;
+            pct[op] = us[op] = -1;
             cudaGetLastError();
             continue;
           }
+          us[op] = *ms * 1e3;
           pct[op] =
               100 * (op == 0 ? bytes : 2 * bytes) / (*ms * 1e-3) / copy_rate;
         }
-        std::printf("%5s %7lld %-11s %10.1f %10.1f %10.1f\n", DTypeName(dtype),
-                    static_cast<long long>(vocab), variant.name, pct[0], pct[1],
-                    pct[2]);
+        std::printf("%5s %7lld %-11s %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f\n",
+                    DTypeName(dtype), static_cast<long long>(vocab),
+                    variant.name, pct[0], pct[1], pct[2], us[0], us[1], us[2]);
       }
       RETURN_IF_ERROR(context.Synchronize());
     }

@@ -3,6 +3,8 @@
 // - WarpRowKernel (forward): a warp streams each row with 16-byte loads, eight
 //   pieces per lane in flight, online max/sum per lane and a shuffle
 //   reduction: no block barriers, a persistent grid, one read of the logits.
+//   Long fp32 rows are shared by 2 or 4 warps of a block (WarpGroup), whose
+//   totals meet in shared memory behind a named barrier.
 //   For fp32 the next tile (of the row or the next row) is loaded before the
 //   current one is reduced. 16-bit logits, and fp32 from vocab 32768, take the
 //   fast exponential sum (no tie test a logit; RowNeedsExactPass rows, whose
@@ -20,6 +22,9 @@
 // - PipelinedBackwardKernel / BackwardKernel: gradient from a saved lse, one
 //   read, one write.
 // - TargetStatsKernel, SumRowsKernel: one-block scans in a fixed order.
+//
+// Tiles are loaded with -inf past the vocabulary, so that passes over a tile
+// test no piece for the row's end.
 //
 // Every reduction has a fixed shape and order, so results are bitwise
 // reproducible. The RowArgs tune_* fields override the automatic launch choices
@@ -354,9 +359,12 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
 }
 
 // Unpacks one 16-byte piece to floats, applies the soft cap, and turns elements
-// past the vocabulary (the row's partial last piece, zero-filled by the copy)
-// into -inf.
-template <typename T, int kW>
+// past the vocabulary into -inf. kPadded: the piece was loaded with -inf past
+// the vocabulary (Tile::Load), so only a soft cap, which takes -inf to -cap,
+// needs the test; else (the zero-filled copies of the pipelined backward)
+// every piece takes it. A per-piece test in every pass over a tile cost the
+// fp32 forward a branch, a barrier pair and register copies a piece.
+template <typename T, int kW, bool kPadded = false>
 __device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
                                           float softcap, float inv_cap,
                                           float (&out)[kW]) {
@@ -371,7 +379,7 @@ __device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
 #pragma unroll
     for (int k = 0; k < kW; ++k) out[k] = softcap * tanhf(out[k] * inv_cap);
   }
-  if (base + kW > vocab) {
+  if ((!kPadded || inv_cap > 0.0f) && base + kW > vocab) {
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
       if (base + k >= vocab) out[k] = NegInf();
@@ -413,14 +421,16 @@ struct Tile<T, R, true> {
         // reusable lines.
         raw[r] = __ldcs(reinterpret_cast<const uint4*>(row) + vec);
       } else {
+        // The row's partial last piece, or one past the row: -inf past the
+        // vocabulary, so that whole-tile passes need no per-piece test.
         union {
           uint4 raw;
           T elements[kW];
         } data;
-        data.raw = make_uint4(0, 0, 0, 0);
+        const T neg_inf = FromFloat<T>(NegInf());
 #pragma unroll
         for (int k = 0; k < kW; ++k) {
-          if (vec * kW + k < vocab) data.elements[k] = row[vec * kW + k];
+          data.elements[k] = vec * kW + k < vocab ? row[vec * kW + k] : neg_inf;
         }
         raw[r] = data.raw;
       }
@@ -429,7 +439,7 @@ struct Tile<T, R, true> {
   __device__ __forceinline__ void Unpack(int r, int base, int vocab,
                                          float softcap, float inv_cap,
                                          float (&x)[kW]) const {
-    UnpackVec<T, kW>(raw[r], base, vocab, softcap, inv_cap, x);
+    UnpackVec<T, kW, true>(raw[r], base, vocab, softcap, inv_cap, x);
   }
   // Piece r as four floats, as stored (fp32 tiles only).
   __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
@@ -515,30 +525,18 @@ __device__ constexpr uint32_t PairNegInf() {
 }
 
 // This thread's max over R 16-byte pieces of 16-bit logits, in four partial
-// maxima: whole pieces in pairs; a piece that crosses the end of the row is
-// unpacked (and masked).
+// maxima, taken in pairs (Tile::Load pads the row's end with -inf).
 template <typename T, typename TileT, int R>
 __device__ __forceinline__ void PackedMax(const TileT& tile,
-                                          const RowView& view,
                                           float (&max_part)[4]) {
-  constexpr int kW = TileT::kW;
   uint32_t pairs[4] = {PairNegInf<T>(), PairNegInf<T>(), PairNegInf<T>(),
                        PairNegInf<T>()};
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int base = (view.first + r * view.stride) * kW;
-    if (base + kW <= view.vocab) {
-      pairs[0] = PairMax<T>(pairs[0], tile.raw[r].x);
-      pairs[1] = PairMax<T>(pairs[1], tile.raw[r].y);
-      pairs[2] = PairMax<T>(pairs[2], tile.raw[r].z);
-      pairs[3] = PairMax<T>(pairs[3], tile.raw[r].w);
-    } else if (base < view.vocab) {
-      float x[kW];
-      tile.Unpack(r, base, view.vocab, 0.0f, 0.0f, x);
-#pragma unroll
-      for (int j = 0; j < kW; ++j)
-        max_part[j % 4] = fmaxf(max_part[j % 4], x[j]);
-    }
+    pairs[0] = PairMax<T>(pairs[0], tile.raw[r].x);
+    pairs[1] = PairMax<T>(pairs[1], tile.raw[r].y);
+    pairs[2] = PairMax<T>(pairs[2], tile.raw[r].z);
+    pairs[3] = PairMax<T>(pairs[3], tile.raw[r].w);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -650,7 +648,7 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   if constexpr (TileT::kPackedMax) packed = inv_cap == 0.0f;
   if (packed) {
     if constexpr (TileT::kPackedMax) {
-      PackedMax<typename TileT::Element, TileT, R>(tile, view, max_part);
+      PackedMax<typename TileT::Element, TileT, R>(tile, max_part);
     }
   } else {
 #pragma unroll
@@ -864,7 +862,7 @@ __device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
   float target_logit = 0.0f;
   const int target_in_row = TargetInRow(target, view.vocab);
   if constexpr (TileT::kPackedMax) {
-    PackedMax<typename TileT::Element, TileT, R>(tile, view, max_part);
+    PackedMax<typename TileT::Element, TileT, R>(tile, max_part);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -1284,17 +1282,19 @@ __global__ void __launch_bounds__(256) BackwardKernel(RowArgs args) {
 // The exact statistics of a row that a warp streams again: for rows whose
 // max dominates, after the fast sum (RowNeedsExactPass). Such rows were just
 // read, so this read mostly hits L2.
+// A warp of a group (WarpGroup) streams its own tiles: pieces from `first0`,
+// `step` apart.
 template <typename TileT, int R, bool kOpt, typename T>
 __device__ __forceinline__ RowStats ExactWarpRowStats(const T* logits_row,
                                                       RowView view,
                                                       int64_t target,
                                                       bool smoothing,
-                                                      int lane) {
+                                                      int first0, int step) {
   constexpr int kW = TileT::kW;
   const int vecs = (view.vocab + kW - 1) / kW;
   view.stride = 32;
   RowStats stats = IdentityStats();
-  for (int first = lane; first < vecs; first += 32 * R) {
+  for (int first = first0; first < vecs; first += step) {
     TileT tile;
     view.first = first;
     tile.Load(logits_row, view.vocab, first, 32);
@@ -1302,6 +1302,50 @@ __device__ __forceinline__ RowStats ExactWarpRowStats(const T* logits_row,
                     TileStats<TileT, R, kOpt>(tile, view, target, smoothing));
   }
   return WarpReduce<kOpt>(stats);
+}
+
+// The warps of a block that share a row (1, 2, 4 or all 8 of its 256
+// threads' warps): each streams every size-th tile of the row, and their
+// totals are combined through shared memory. Sharing rows makes the unit of
+// work smaller, so that a persistent grid ends evenly when there are only a
+// few rows a warp (16384 rows of 4096 classes on 3168 warps: 5.2 a warp, so a
+// sixth of the warps take a sixth row while the rest idle).
+struct WarpGroup {
+  int size;     // warps a row
+  int rank;     // this warp's place in the group
+  int barrier;  // the group's named barrier (1 + its index in the block)
+};
+
+__device__ __forceinline__ WarpGroup MakeWarpGroup(int size) {
+  const int warp_in_block = threadIdx.x >> 5;
+  return WarpGroup{size, warp_in_block % size, 1 + warp_in_block / size};
+}
+
+// Shared slots of the group reduction: one RowStats a warp, double-buffered.
+struct GroupSlots {
+  RowStats stats[2][8];
+};
+
+// The row's statistics from its group's warp totals (each the same in every
+// lane of its warp), combined in the warps' order so that every warp gets the
+// same bits. A warp writes a row's slot only after the barrier of the row
+// before, which every warp passes after it has read the slots of the row
+// before that: two buffers suffice.
+__device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
+                                                 const WarpGroup& group,
+                                                 GroupSlots& slots,
+                                                 int& parity) {
+  if (group.size == 1) return warp_total;
+  const int first_warp = (threadIdx.x >> 5) - group.rank;
+  RowStats* buffer = slots.stats[parity];
+  if ((threadIdx.x & 31) == 0) buffer[first_warp + group.rank] = warp_total;
+  asm volatile("bar.sync %0, %1;" ::"r"(group.barrier), "r"(group.size * 32)
+               : "memory");
+  RowStats total = buffer[first_warp];
+  for (int w = 1; w < group.size; ++w)
+    total = Combine(total, buffer[first_warp + w]);
+  parity ^= 1;
+  return total;
 }
 
 // Warp-per-row kernel (forward): each warp streams whole rows, 8 pieces per
@@ -1320,18 +1364,23 @@ constexpr int WarpRowBlocksPerSm() {
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
           bool kFastSum>
 __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
-    WarpRowKernel(RowArgs args) {
+    WarpRowKernel(RowArgs args, int warps_per_row) {
   // 8 pieces of fp32 or 4 of 16-bit logits per lane: 32 values, so that the
   // unpacked floats stay in registers.
   constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
   using TileT = Tile<T, R, kVec>;
   constexpr int kW = TileT::kW;
+  __shared__ GroupSlots slots;
+  const WarpGroup group = MakeWarpGroup(warps_per_row);
+  int parity = 0;
   const int vocab = static_cast<int>(args.vocab);
   const int vecs = (vocab + kW - 1) / kW;
   const int lane = threadIdx.x & 31;
-  const int64_t warp =
-      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  // Groups (rows in flight) of the grid, and this warp's; 256-thread blocks.
+  const int64_t first_row =
+      (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) / group.size;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * 8 / group.size;
+  const bool writer = lane == 0 && group.rank == 0;
   const bool smoothing = args.label_smoothing > 0.0f;
   // The scan's results are read after the first row's statistics, which so
   // overlap the scan; a dependent (the final sum) may launch now.
@@ -1347,29 +1396,30 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
   if constexpr (!kGrad && kVec && sizeof(T) == 4) {
-    // The fp32 forward walks a warp's rows as one sequence of tiles of half
-    // the pieces, and loads the next tile (of this row or of the next one)
-    // before it reduces the current one: HBM keeps streaming through each
-    // row's warp reduction and loss, which matter most for short rows.
+    // The fp32 forward walks a warp's tiles of its rows as one sequence of
+    // tiles of half the pieces, and loads the next tile (of this row or of the
+    // next one) before it reduces the current one: HBM keeps streaming through
+    // each row's reductions and loss, which matter most for short rows. The
+    // launch gives every warp of a group at least one tile a row.
     constexpr int kHalf = R / 2;
     using HalfTile = Tile<T, kHalf, true>;
     constexpr int kTileVecs = 32 * kHalf;
     const int tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
-    int64_t row = warp;
-    int t = 0;  // the current tile of the row, the same in every lane
+    int64_t row = first_row;
+    int t = group.rank;  // the current tile of the row, the same in every lane
     HalfTile current;
     RowCoefficients c{};
     if (row < args.rows) {
-      current.Load(logits_of(row), vocab, lane, 32);
+      current.Load(logits_of(row), vocab, lane + t * kTileVecs, 32);
       c = MakeCoefficients(args, row, false, MeanScales{});
     }
     RowStats stats = IdentityStats();
     while (row < args.rows) {
       int64_t next_row = row;
-      int next_t = t + 1;
-      if (next_t == tiles_per_row) {
-        next_row = row + warps;
-        next_t = 0;
+      int next_t = t + group.size;
+      if (next_t >= tiles_per_row) {
+        next_row = row + groups;
+        next_t = group.rank;
       }
       HalfTile next;
       if (next_row < args.rows)
@@ -1377,13 +1427,17 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
       view.first = lane + t * kTileVecs;
       stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt, kFastSum>(
                                  current, view, c.target, smoothing));
-      if (next_t == 0) {
-        RowStats total = WarpReduce<kOpt>(stats);
+      if (next_row != row) {
+        RowStats total =
+            GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
         if (kFastSum && RowNeedsExactPass(total)) {
-          total = ExactWarpRowStats<HalfTile, kHalf, kOpt>(
-              logits_of(row), view, c.target, smoothing, lane);
+          total = GroupCombine(
+              ExactWarpRowStats<HalfTile, kHalf, kOpt>(
+                  logits_of(row), view, c.target, smoothing,
+                  lane + group.rank * kTileVecs, group.size * kTileVecs),
+              group, slots, parity);
         }
-        FinishRow(args, row, c, total, lane == 0, scan);
+        FinishRow(args, row, c, total, writer, scan);
         stats = IdentityStats();
         if (next_row < args.rows)
           c = MakeCoefficients(args, next_row, false, MeanScales{});
@@ -1393,27 +1447,31 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
       t = next_t;
     }
   } else {
-    for (int64_t row = warp; row < args.rows; row += warps) {
+    const int first0 = lane + group.rank * 32 * R;
+    const int step = group.size * 32 * R;
+    for (int64_t row = first_row; row < args.rows; row += groups) {
       const T* logits_row = logits_of(row);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       RowStats stats = IdentityStats();
-      for (int first = lane; first < vecs; first += 32 * R) {
+      for (int first = first0; first < vecs; first += step) {
         TileT tile;
         view.first = first;
         tile.Load(logits_row, vocab, first, 32);
         stats = Combine(stats, TileStats<TileT, R, kOpt, kFastSum>(
                                    tile, view, c.target, smoothing));
       }
-      RowStats total = WarpReduce<kOpt>(stats);
+      RowStats total =
+          GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
       if (kFastSum && RowNeedsExactPass(total)) {
-        total = ExactWarpRowStats<TileT, R, kOpt>(logits_row, view, c.target,
-                                                  smoothing, lane);
+        total = GroupCombine(
+            ExactWarpRowStats<TileT, R, kOpt>(logits_row, view, c.target,
+                                              smoothing, first0, step),
+            group, slots, parity);
       }
-      const GradCoefficients gc =
-          FinishRow(args, row, c, total, lane == 0, scan);
+      const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
       if constexpr (kGrad) {
         G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
-        for (int first = lane; first < vecs; first += 32 * R) {
+        for (int first = first0; first < vecs; first += step) {
           TileT tile;
           view.first = first;
           tile.Load(logits_row, vocab, first, 32);
@@ -1560,77 +1618,137 @@ __global__ void __launch_bounds__(kMaxThreads)
   CpAsyncWait(0);
 }
 
+// The target scan's per-thread totals, reduced together in one block sum.
+struct ScanSums {
+  double weight_sum = 0.0;    // sum of w[t] over counted targets
+  double weight_total = 0.0;  // sum of the class weights
+  long long counted = 0, invalid = 0, negative = 0;
+};
+
+__device__ __forceinline__ ScanSums& operator+=(ScanSums& a,
+                                                const ScanSums& b) {
+  a.weight_sum += b.weight_sum;
+  a.weight_total += b.weight_total;
+  a.counted += b.counted;
+  a.invalid += b.invalid;
+  a.negative += b.negative;
+  return a;
+}
+
+template <typename V>
+__device__ __forceinline__ V ShuffleDown(const V& value, int offset) {
+  return __shfl_down_sync(kFullMask, value, offset);
+}
+
+template <>
+__device__ __forceinline__ ScanSums ShuffleDown(const ScanSums& value,
+                                                int offset) {
+  ScanSums out;
+  out.weight_sum = __shfl_down_sync(kFullMask, value.weight_sum, offset);
+  out.weight_total = __shfl_down_sync(kFullMask, value.weight_total, offset);
+  out.counted = __shfl_down_sync(kFullMask, value.counted, offset);
+  out.invalid = __shfl_down_sync(kFullMask, value.invalid, offset);
+  out.negative = __shfl_down_sync(kFullMask, value.negative, offset);
+  return out;
+}
+
 // Block-wide sum in a fixed tree order; the result is valid in thread 0.
 template <typename V>
 __device__ V BlockSum(V value, V* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_down_sync(kFullMask, value, offset);
+    value += ShuffleDown(value, offset);
   if (lane == 0) scratch[warp] = value;
   __syncthreads();
-  value = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : V(0);
+  value = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : V{};
   if (warp == 0) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
-      value += __shfl_down_sync(kFullMask, value, offset);
+      value += ShuffleDown(value, offset);
   }
   __syncthreads();
   return value;
 }
 
-__global__ void __launch_bounds__(1024)
+// The one-block scans read kScanLoads values a thread before using any, so
+// that their loads are in flight together: a scan is latency-bound, and it
+// sits on the critical path (the target scan before a row kernel's first
+// statistics, the loss sum after its last row). On the H200 the earlier
+// loop-carried scans took 10 and 8 us at 16384 rows.
+constexpr int kScanThreads = 1024;
+constexpr int kScanLoads = 16;
+
+__global__ void __launch_bounds__(kScanThreads)
     TargetStatsKernel(const void* targets, bool targets_i64, int64_t rows,
                       int64_t vocab, int64_t ignore_index, const float* weights,
                       TargetStats* stats) {
   LetDependentGridsLaunch();  // the row kernel may start on the logits now
-  __shared__ double scratch_d[32];
-  __shared__ long long scratch_i[32];
-  double weight_sum = 0.0, weight_total = 0.0;
-  long long counted = 0, invalid = 0, negative = 0;
-  // Unrolled so that several loads are in flight: one block scans every target.
-#pragma unroll 8
-  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
-    const int64_t t = targets_i64 ? static_cast<const int64_t*>(targets)[i]
-                                  : static_cast<const int32_t*>(targets)[i];
-    if (t == ignore_index) continue;
-    if (t < 0 || t >= vocab) {
-      ++invalid;
-      continue;
+  __shared__ ScanSums scratch[32];
+  ScanSums sums;
+  for (int64_t base = 0; base < rows;
+       base += int64_t{kScanLoads} * blockDim.x) {
+    int64_t t[kScanLoads];
+#pragma unroll
+    for (int k = 0; k < kScanLoads; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x + threadIdx.x;
+      t[k] = i >= rows     ? ignore_index
+             : targets_i64 ? static_cast<const int64_t*>(targets)[i]
+                           : static_cast<const int32_t*>(targets)[i];
     }
-    ++counted;
-    weight_sum += weights != nullptr ? static_cast<double>(weights[t]) : 1.0;
+    float w[kScanLoads];
+#pragma unroll
+    for (int k = 0; k < kScanLoads; ++k) {
+      const bool valid = t[k] != ignore_index && t[k] >= 0 && t[k] < vocab;
+      w[k] = weights != nullptr && valid ? weights[t[k]] : 1.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kScanLoads; ++k) {
+      if (t[k] == ignore_index) continue;
+      if (t[k] < 0 || t[k] >= vocab) {
+        ++sums.invalid;
+        continue;
+      }
+      ++sums.counted;
+      sums.weight_sum += static_cast<double>(w[k]);
+    }
   }
   if (weights != nullptr) {
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
       const float w = weights[j];
-      if (!(w >= 0.0f)) ++negative;
-      weight_total += w;
+      if (!(w >= 0.0f)) ++sums.negative;
+      sums.weight_total += w;
     }
   }
-  weight_sum = BlockSum(weight_sum, scratch_d);
-  weight_total = BlockSum(weight_total, scratch_d);
-  counted = BlockSum(counted, scratch_i);
-  invalid = BlockSum(invalid, scratch_i);
-  negative = BlockSum(negative, scratch_i);
+  sums = BlockSum(sums, scratch);
   if (threadIdx.x == 0) {
-    stats->ce_denominator =
-        weights != nullptr ? weight_sum : static_cast<double>(counted);
-    stats->z_denominator = static_cast<double>(counted);
+    stats->ce_denominator = weights != nullptr
+                                ? sums.weight_sum
+                                : static_cast<double>(sums.counted);
+    stats->z_denominator = static_cast<double>(sums.counted);
     stats->weight_total =
-        weights != nullptr ? weight_total : static_cast<double>(vocab);
-    stats->invalid = invalid;
-    stats->negative_weights = negative;
+        weights != nullptr ? sums.weight_total : static_cast<double>(vocab);
+    stats->invalid = sums.invalid;
+    stats->negative_weights = sums.negative;
   }
 }
 
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kScanThreads)
     SumRowsKernel(const float* row_loss, int64_t rows, float* loss) {
   WaitForPrerequisiteGrids();  // the row kernel's losses
   __shared__ double scratch[32];
   double sum = 0.0;
-#pragma unroll 8
-  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) sum += row_loss[i];
+  for (int64_t base = 0; base < rows;
+       base += int64_t{kScanLoads} * blockDim.x) {
+    float value[kScanLoads];
+#pragma unroll
+    for (int k = 0; k < kScanLoads; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x + threadIdx.x;
+      value[k] = i < rows ? row_loss[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kScanLoads; ++k) sum += value[k];
+  }
   sum = BlockSum(sum, scratch);
   if (threadIdx.x == 0) loss[0] = static_cast<float>(sum);
 }
@@ -1845,6 +1963,18 @@ bool RowsVectorizable(const RowArgs& args, int element_bytes, int grad_bytes,
 // fp32 from vocab 32768 (0.8% faster there, but 4-5% slower at 4096 and 8192).
 constexpr int64_t kFastSumF32Vocab = 32768;
 
+// Warps that share a row of the warp-per-row kernel (WarpGroup) when the
+// caller does not choose (RowArgs::tune_warps_per_row), by the row's tiles
+// (of 512 floats in the fp32 forward's walk). Measured on the H200 (fp32,
+// 16384 rows, kernel alone): two warps a row from 8192 classes (131 -> 128
+// us; 16384: 258 -> 249), four from 32768 (500 -> 472; 131072: 1899 ->
+// 1850). Rows of 4096 classes, 16-bit logits (equal or slower) and the
+// options' kernels keep one.
+int AutoWarpsPerRow(bool fp32_walk, bool options, int64_t tiles_per_row) {
+  if (!fp32_walk || options) return 1;
+  return tiles_per_row >= 64 ? 4 : tiles_per_row >= 16 ? 2 : 1;
+}
+
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
 cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
@@ -1859,6 +1989,21 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   if (error != cudaSuccess) return error;
   if (args.tune_blocks_per_sm > 0 && args.tune_blocks_per_sm < per_sm)
     per_sm = args.tune_blocks_per_sm;
+  // Warps a row (WarpGroup), at most one a tile of the row.
+  constexpr int kR = kVec && sizeof(T) == 2 ? 4 : 8;
+  constexpr bool kWalk = !kGrad && kVec && sizeof(T) == 4;  // half tiles
+  constexpr int kTileVecs = 32 * (kWalk ? kR / 2 : kR);
+  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
+  const int64_t vecs = (args.vocab + kW - 1) / kW;
+  const int64_t tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
+  int warps_per_row = args.tune_warps_per_row > 0
+                          ? args.tune_warps_per_row
+                          : AutoWarpsPerRow(kWalk, kOpt, tiles_per_row);
+  if (warps_per_row != 1 && warps_per_row != 2 && warps_per_row != 4 &&
+      warps_per_row != 8) {
+    return cudaErrorInvalidValue;
+  }
+  while (warps_per_row > 1 && warps_per_row > tiles_per_row) warps_per_row /= 2;
   // A full grid leaves rows % warps warps one row more than the rest (16384
   // rows on 3168 warps: 544 warps take a sixth row, on a device otherwise
   // idle). From 128 KiB rows, where that last row is long, the grid is the
@@ -1868,16 +2013,17 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   // are worth more there (fp32 4096: 74 against 77 us), and so do the
   // options' kernels, which issue more than they read (fp32, label smoothing:
   // 734 against 852 us at 32768).
-  const int64_t max_warps = int64_t{per_sm > 0 ? per_sm : 1} * num_sms * 8;
-  int64_t warps = args.rows < max_warps ? args.rows : max_warps;
+  const int64_t max_groups =
+      int64_t{per_sm > 0 ? per_sm : 1} * num_sms * 8 / warps_per_row;
+  int64_t groups = args.rows < max_groups ? args.rows : max_groups;
   if (!kOpt && args.vocab * int64_t{sizeof(T)} >= (128 << 10)) {
-    const int64_t rows_per_warp = (args.rows + max_warps - 1) / max_warps;
-    warps = (args.rows + rows_per_warp - 1) / rows_per_warp;
+    const int64_t rows_per_group = (args.rows + max_groups - 1) / max_groups;
+    groups = (args.rows + rows_per_group - 1) / rows_per_group;
   }
-  const int64_t blocks = (warps + 7) / 8;
+  const int64_t blocks = (groups * warps_per_row + 7) / 8;
   return LaunchDependent(args.follows_scan, kernel,
-                         static_cast<unsigned>(blocks), 256, 0, 1, stream,
-                         args);
+                         static_cast<unsigned>(blocks), 256, 0, 1, stream, args,
+                         warps_per_row);
 }
 
 // Forward: the warp-per-row kernel (a read-only stream). Fused: the
@@ -1989,8 +2135,8 @@ cudaError_t LaunchTargetStats(const void* targets, bool targets_i64,
                               int64_t rows, int64_t vocab, int64_t ignore_index,
                               const float* class_weights, TargetStats* stats,
                               cudaStream_t stream) {
-  TargetStatsKernel<<<1, 1024, 0, stream>>>(targets, targets_i64, rows, vocab,
-                                            ignore_index, class_weights, stats);
+  TargetStatsKernel<<<1, kScanThreads, 0, stream>>>(
+      targets, targets_i64, rows, vocab, ignore_index, class_weights, stats);
   return cudaGetLastError();
 }
 
@@ -2016,8 +2162,8 @@ cudaError_t LaunchBackward(const RowArgs& args, int num_sms,
 
 cudaError_t LaunchSumRows(const float* row_loss, int64_t rows, float* loss,
                           cudaStream_t stream, bool follows_rows) {
-  return LaunchDependent(follows_rows, SumRowsKernel, 1, 1024, 0, 1, stream,
-                         row_loss, rows, loss);
+  return LaunchDependent(follows_rows, SumRowsKernel, 1, kScanThreads, 0, 1,
+                         stream, row_loss, rows, loss);
 }
 
 }  // namespace ce

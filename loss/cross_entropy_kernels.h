@@ -70,6 +70,7 @@ struct RowArgs {
       0;  // 1 register/cluster, 2 pipelined backward, 3 warp per row
   int tune_stages = 0;  // rows in shared memory per block (pipelined backward)
   int tune_blocks_per_sm = 0;  // cap on resident blocks per SM (warp kernel)
+  int tune_warps_per_row = 0;  // warps sharing a row: 1, 2, 4, 8 (warp kernel)
 };
 
 }  // namespace ce
