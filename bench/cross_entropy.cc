@@ -229,15 +229,24 @@ absl::Status Sweep(Context& context, int64_t tokens,
                    const std::vector<int64_t>& vocabs, double copy_rate) {
   struct Variant {
     const char* name;
-    int kernel, stages, blocks_per_sm, warps_per_row;
+    int kernel, stages, blocks_per_sm, warps_per_row, fast_sum = 0,
+                                                      l2_prefetch = 0;
   };
   // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
   // pipelined backward, 3 warp per row (forward; fused as two streaming
-  // passes). warp/gN: N warps share a row.
+  // passes). warp/gN: N warps share a row; exact/fast: the forward's
+  // exponential sum; nopf/pf: the fused kernel's L2 prefetch off or on.
   const std::vector<Variant> variants = {
-      {"auto", 0, 0, 0, 0},    {"cluster", 1, 0, 0, 0}, {"warp", 3, 0, 0, 1},
-      {"warp/g2", 3, 0, 0, 2}, {"warp/g4", 3, 0, 0, 4}, {"warp/g8", 3, 0, 0, 8},
-      {"warp/b2", 3, 0, 2, 1}, {"pipe/s3", 2, 3, 0, 0},
+      {"auto", 0, 0, 0, 0},
+      {"cluster", 1, 0, 0, 0},
+      {"warp", 3, 0, 0, 1},
+      {"warp/g2", 3, 0, 0, 2},
+      {"warp/g4", 3, 0, 0, 4},
+      {"pipe/s3", 2, 3, 0, 0},
+      {"auto/exact", 0, 0, 0, 0, 1},
+      {"auto/fast", 0, 0, 0, 0, 2},
+      {"auto/nopf", 0, 0, 0, 0, 0, -1},
+      {"auto/pf", 0, 0, 0, 0, 0, 1},
   };
 
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
@@ -287,6 +296,8 @@ absl::Status Sweep(Context& context, int64_t tokens,
         args.tune_kernel = variant.kernel;
         args.tune_blocks_per_sm = variant.blocks_per_sm;
         args.tune_warps_per_row = variant.warps_per_row;
+        args.tune_fast_sum = variant.fast_sum;
+        args.tune_l2_prefetch = variant.l2_prefetch;
         double pct[3], us[3];
         for (int op = 0; op < 3; ++op) {
           ce::RowArgs run = args;
@@ -314,6 +325,48 @@ absl::Status Sweep(Context& context, int64_t tokens,
                     DTypeName(dtype), static_cast<long long>(vocab),
                     variant.name, pct[0], pct[1], pct[2], us[0], us[1], us[2]);
       }
+      // The forward's launches apart (automatic kernel): the row kernel
+      // alone, after the target scan, before the loss sum, and all three as
+      // the op runs them.
+      ASSIGN_OR_RETURN(Buffer loss,
+                       context.allocator().Allocate(sizeof(float)));
+      double split_us[4];
+      for (int parts = 0; parts < 4; ++parts) {
+        const bool scan = parts & 1, sum = parts & 2;
+        ce::RowArgs run;
+        run.logits = logits.view.data;
+        run.logits_type = static_cast<int>(dtype);
+        run.grad_type = static_cast<int>(dtype);
+        run.logits_stride = vocab;
+        run.rows = tokens;
+        run.vocab = vocab;
+        run.targets = targets.view.data;
+        run.stats = stats.data_as<ce::TargetStats>();
+        run.row_loss = row_loss.view.data_as<float>();
+        run.lse = lse.view.data_as<float>();
+        run.follows_scan = scan;
+        auto fn = [&](int) -> absl::Status {
+          if (scan) {
+            CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
+                targets.view.data, true, tokens, vocab, -100, nullptr,
+                stats.data_as<ce::TargetStats>(), stream));
+          }
+          CUDA_RETURN_IF_ERROR(ce::LaunchRows(run, info.sm_count, stream));
+          if (sum) {
+            CUDA_RETURN_IF_ERROR(
+                ce::LaunchSumRows(row_loss.view.data_as<float>(), tokens,
+                                  loss.data_as<float>(), stream, true));
+          }
+          return absl::OkStatus();
+        };
+        ASSIGN_OR_RETURN(double ms, bench::MedianMs(stream, 3, 15, fn));
+        split_us[parts] = ms * 1e3;
+      }
+      std::printf(
+          "%5s %7lld split: rows %.1f, scan+rows %.1f, rows+sum %.1f, "
+          "scan+rows+sum %.1f us\n",
+          DTypeName(dtype), static_cast<long long>(vocab), split_us[0],
+          split_us[1], split_us[2], split_us[3]);
       RETURN_IF_ERROR(context.Synchronize());
     }
   return absl::OkStatus();

@@ -255,6 +255,34 @@ __device__ __forceinline__ void LetDependentGridsLaunch() {
 #endif
 }
 
+// Asks L2 to fetch `bytes` (a multiple of 16, from a 16-byte aligned `ptr`)
+// ahead of the loads that will read them (sm_90 bulk prefetch, one
+// instruction): bytes in flight from HBM without registers, for the fused
+// kernel, whose registers hold only the row it works on (and the next). The
+// forward's warps lost by it (fp32: 72 -> 81 us at vocab 4096, 1894 -> 2132
+// at 131072 on the H200): they keep enough loads in flight themselves, and
+// the prefetches only add traffic to L2.
+__device__ __forceinline__ void PrefetchL2(const void* ptr, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes > 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr),
+                 "r"(bytes)
+                 : "memory");
+  }
+#endif
+}
+
+// Bytes of the `vecs_wanted` 16-byte pieces from piece `first` of a row of
+// `row_bytes` bytes that lie wholly inside it (the row's partial last piece is
+// left to the load).
+__device__ __forceinline__ int WholePieceBytes(int64_t first, int vecs_wanted,
+                                               int64_t row_bytes) {
+  const int64_t whole = row_bytes / 16 - first;
+  return whole <= 0
+             ? 0
+             : 16 * static_cast<int>(whole < vecs_wanted ? whole : vecs_wanted);
+}
+
 // The target scan's results a row kernel needs: the mean's scales and the
 // class weights' total.
 struct ScanResults {
@@ -1182,7 +1210,7 @@ enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
           int kMode, bool kSoftcap = false>
 __global__ void __launch_bounds__(kMaxThreads, 2)
-    RowKernel(RowArgs args, int cluster_size, int tiles) {
+    RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2) {
   using TileT = Tile<T, R, kVec>;
   __shared__ RowShared shared;
   const int rank =
@@ -1208,15 +1236,28 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
 
+  // With prefetch_l2, threads r < R ask L2 for this CTA's piece r of a row
+  // ahead of the one in registers (its blockDim.x pieces are contiguous).
+  const int64_t row_bytes = args.vocab * int64_t{sizeof(T)};
+  auto prefetch_row = [&](int64_t row) {
+    if (kVec && prefetch_l2 && threadIdx.x < R && row < args.rows) {
+      const int64_t first =
+          rank * blockDim.x + threadIdx.x * static_cast<int64_t>(stride);
+      PrefetchL2(reinterpret_cast<const uint4*>(logits_of(row)) + first,
+                 WholePieceBytes(first, blockDim.x, row_bytes));
+    }
+  };
   if constexpr (kMode == kRowsPrefetch) {
     TileT current;
     if (cluster_id < args.rows)
       current.Load(logits_of(cluster_id), view.vocab, first0, stride);
     for (int64_t row = cluster_id; row < args.rows; row += clusters) {
-      // The cluster's next row is on its way before this one is reduced.
+      // The cluster's next row is on its way before this one is reduced, and
+      // L2 fetches the one after.
       TileT next;
       if (row + clusters < args.rows)
         next.Load(logits_of(row + clusters), view.vocab, first0, stride);
+      prefetch_row(row + 2 * clusters);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
       RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
@@ -1234,6 +1275,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       TileT tile;
       view.first = first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
+      prefetch_row(row + clusters);
       RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
           args, row, tile, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
@@ -1881,10 +1923,21 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, int num_sms,
     max_clusters = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
   }
   const int64_t clusters = args.rows < max_clusters ? args.rows : max_clusters;
+  // L2 prefetch of a row ahead (RowArgs::tune_l2_prefetch: -1 off, 1 on), for
+  // 16-bit rows and fp32 rows on one CTA or a full cluster. Same-run A/B on
+  // the H200, fused us: bf16 84 -> 82, 711 -> 656, 3167 -> 2931 at vocab
+  // 4096, 32768, 131072; fp32 157 -> 150 at 4096, 586 -> 578 at 16384, 5042
+  // -> 4929 at 131072, but 1172 -> 1190 and 2395 -> 2440 at 32768 and 65536
+  // (clusters of 2 and 4 CTAs).
+  const bool prefetch_l2 =
+      launch.tiles == 1 && (args.tune_l2_prefetch == 0
+                                ? sizeof(T) == 2 || launch.cluster_size == 1 ||
+                                      launch.cluster_size == kMaxCluster
+                                : args.tune_l2_prefetch > 0);
   return LaunchDependent(args.follows_scan, kernel,
                          static_cast<unsigned>(clusters * launch.cluster_size),
                          launch.threads, 0, launch.cluster_size, stream, args,
-                         launch.cluster_size, launch.tiles);
+                         launch.cluster_size, launch.tiles, prefetch_l2);
 }
 
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
@@ -1965,14 +2018,17 @@ constexpr int64_t kFastSumF32Vocab = 32768;
 
 // Warps that share a row of the warp-per-row kernel (WarpGroup) when the
 // caller does not choose (RowArgs::tune_warps_per_row), by the row's tiles
-// (of 512 floats in the fp32 forward's walk). Measured on the H200 (fp32,
-// 16384 rows, kernel alone): two warps a row from 8192 classes (131 -> 128
-// us; 16384: 258 -> 249), four from 32768 (500 -> 472; 131072: 1899 ->
-// 1850). Rows of 4096 classes, 16-bit logits (equal or slower) and the
+// (of 512 floats in the fp32 forward's walk, 1024 16-bit logits otherwise).
+// Measured on the H200 (16384 rows, kernel alone, us): fp32, two warps a row
+// at 8192 classes (130 -> 127), four from 16384 (256 -> 246; 32768: 506 ->
+// 478; 131072: 1925 -> 1881); bf16, two from 65536 (531 -> 519; 131072: 1028
+// -> 1017). Shorter rows (the barrier waits outweigh the even end) and the
 // options' kernels keep one.
-int AutoWarpsPerRow(bool fp32_walk, bool options, int64_t tiles_per_row) {
-  if (!fp32_walk || options) return 1;
-  return tiles_per_row >= 64 ? 4 : tiles_per_row >= 16 ? 2 : 1;
+int AutoWarpsPerRow(bool fp32_walk, bool sixteen_bit, bool options,
+                    int64_t tiles_per_row) {
+  if (options) return 1;
+  if (fp32_walk) return tiles_per_row >= 32 ? 4 : tiles_per_row >= 16 ? 2 : 1;
+  return sixteen_bit && tiles_per_row >= 64 ? 2 : 1;
 }
 
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt>
@@ -1980,7 +2036,9 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
                                 cudaStream_t stream) {
   constexpr bool kCanFastSum = !kGrad;
   const bool fast_sum =
-      kCanFastSum && (sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab);
+      kCanFastSum && (args.tune_fast_sum == 0
+                          ? sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab
+                          : args.tune_fast_sum == 2);
   auto kernel = fast_sum ? WarpRowKernel<T, G, kVec, kGrad, kOpt, kCanFastSum>
                          : WarpRowKernel<T, G, kVec, kGrad, kOpt, false>;
   int per_sm = 0;
@@ -1996,9 +2054,11 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
   const int64_t vecs = (args.vocab + kW - 1) / kW;
   const int64_t tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
-  int warps_per_row = args.tune_warps_per_row > 0
-                          ? args.tune_warps_per_row
-                          : AutoWarpsPerRow(kWalk, kOpt, tiles_per_row);
+  int warps_per_row =
+      args.tune_warps_per_row > 0
+          ? args.tune_warps_per_row
+          : AutoWarpsPerRow(kWalk, kVec && sizeof(T) == 2 && !kGrad, kOpt,
+                            tiles_per_row);
   if (warps_per_row != 1 && warps_per_row != 2 && warps_per_row != 4 &&
       warps_per_row != 8) {
     return cudaErrorInvalidValue;
