@@ -1,6 +1,8 @@
 """Side-by-side cross-entropy table on a GPU machine: PyTorch eager and torch.compile always,
 Liger-Kernel when importable, and our benchmark binary (run through --ours), all on the same
 GPU in the same run. fp32 (and bf16) logits [tokens, vocab], int64 targets, mean reduction.
+Apple's Cut Cross-Entropy has no op over given logits (it takes the hidden states and the
+classifier), so it is compared in peers_linear_cross_entropy.py.
 
   python3 bench/peers_cross_entropy.py --ours gpu_stage/bench_cross_entropy --json $OUT/ce.json
 
