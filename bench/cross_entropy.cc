@@ -280,7 +280,8 @@ absl::Status Sweep(Context& context, int64_t tokens,
           stats.data_as<ce::TargetStats>(), stream));
       const double bytes =
           static_cast<double>(tokens) * vocab * DTypeSize(dtype);
-      for (const Variant& variant : variants) {
+      // The forward's arguments (automatic launch) over this case's buffers.
+      auto forward_args = [&] {
         ce::RowArgs args;
         args.logits = logits.view.data;
         args.logits_type = static_cast<int>(dtype);
@@ -292,6 +293,10 @@ absl::Status Sweep(Context& context, int64_t tokens,
         args.stats = stats.data_as<ce::TargetStats>();
         args.row_loss = row_loss.view.data_as<float>();
         args.lse = lse.view.data_as<float>();
+        return args;
+      };
+      for (const Variant& variant : variants) {
+        ce::RowArgs args = forward_args();
         args.tune_stages = variant.stages;
         args.tune_kernel = variant.kernel;
         args.tune_blocks_per_sm = variant.blocks_per_sm;
@@ -333,17 +338,7 @@ absl::Status Sweep(Context& context, int64_t tokens,
       double split_us[4];
       for (int parts = 0; parts < 4; ++parts) {
         const bool scan = parts & 1, sum = parts & 2;
-        ce::RowArgs run;
-        run.logits = logits.view.data;
-        run.logits_type = static_cast<int>(dtype);
-        run.grad_type = static_cast<int>(dtype);
-        run.logits_stride = vocab;
-        run.rows = tokens;
-        run.vocab = vocab;
-        run.targets = targets.view.data;
-        run.stats = stats.data_as<ce::TargetStats>();
-        run.row_loss = row_loss.view.data_as<float>();
-        run.lse = lse.view.data_as<float>();
+        ce::RowArgs run = forward_args();
         run.follows_scan = scan;
         auto fn = [&](int) -> absl::Status {
           if (scan) {
