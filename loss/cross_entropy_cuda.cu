@@ -1390,6 +1390,14 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
   return total;
 }
 
+// 16-byte pieces of a row a thread holds in the warp-per-row and register
+// kernels: 8 of fp32 (or 8 scalars), 4 of 16-bit logits, whose unpacked
+// floats would otherwise spill under the 64-register bound: 32 values.
+template <typename T, bool kVec>
+__host__ __device__ constexpr int PiecesPerThread() {
+  return kVec && sizeof(T) == 2 ? 4 : 8;
+}
+
 // Warp-per-row kernel (forward): each warp streams whole rows, 8 pieces per
 // lane in flight, with per-lane online statistics; the row reduction is a warp
 // shuffle with no block barrier, so a persistent grid of many warps per SM
@@ -1407,9 +1415,7 @@ template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
           bool kFastSum>
 __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
     WarpRowKernel(RowArgs args, int warps_per_row) {
-  // 8 pieces of fp32 or 4 of 16-bit logits per lane: 32 values, so that the
-  // unpacked floats stay in registers.
-  constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
+  constexpr int R = PiecesPerThread<T, kVec>();
   using TileT = Tile<T, R, kVec>;
   constexpr int kW = TileT::kW;
   __shared__ GroupSlots slots;
@@ -1721,6 +1727,19 @@ __device__ V BlockSum(V value, V* scratch) {
 constexpr int kScanThreads = 1024;
 constexpr int kScanLoads = 16;
 
+// This thread's kScanLoads values of a scan's chunk at `base`: value k is
+// load(i) for i = base + k * blockDim.x + threadIdx.x, or `fill` from `count`.
+template <typename V, typename Load>
+__device__ __forceinline__ void LoadScanChunk(int64_t base, int64_t count,
+                                              V fill, Load load,
+                                              V (&out)[kScanLoads]) {
+#pragma unroll
+  for (int k = 0; k < kScanLoads; ++k) {
+    const int64_t i = base + int64_t{k} * blockDim.x + threadIdx.x;
+    out[k] = i < count ? load(i) : fill;
+  }
+}
+
 __global__ void __launch_bounds__(kScanThreads)
     TargetStatsKernel(const void* targets, bool targets_i64, int64_t rows,
                       int64_t vocab, int64_t ignore_index, const float* weights,
@@ -1731,13 +1750,13 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int64_t base = 0; base < rows;
        base += int64_t{kScanLoads} * blockDim.x) {
     int64_t t[kScanLoads];
-#pragma unroll
-    for (int k = 0; k < kScanLoads; ++k) {
-      const int64_t i = base + int64_t{k} * blockDim.x + threadIdx.x;
-      t[k] = i >= rows     ? ignore_index
-             : targets_i64 ? static_cast<const int64_t*>(targets)[i]
-                           : static_cast<const int32_t*>(targets)[i];
-    }
+    LoadScanChunk(
+        base, rows, ignore_index,
+        [&](int64_t i) -> int64_t {
+          return targets_i64 ? static_cast<const int64_t*>(targets)[i]
+                             : static_cast<const int32_t*>(targets)[i];
+        },
+        t);
     float w[kScanLoads];
 #pragma unroll
     for (int k = 0; k < kScanLoads; ++k) {
@@ -1783,11 +1802,8 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int64_t base = 0; base < rows;
        base += int64_t{kScanLoads} * blockDim.x) {
     float value[kScanLoads];
-#pragma unroll
-    for (int k = 0; k < kScanLoads; ++k) {
-      const int64_t i = base + int64_t{k} * blockDim.x + threadIdx.x;
-      value[k] = i < rows ? row_loss[i] : 0.0f;
-    }
+    LoadScanChunk(
+        base, rows, 0.0f, [&](int64_t i) { return row_loss[i]; }, value);
 #pragma unroll
     for (int k = 0; k < kScanLoads; ++k) sum += value[k];
   }
@@ -1872,10 +1888,7 @@ template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
 cudaError_t LaunchRowKernelOf(const RowArgs& args, int num_sms,
                               cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
-  // Pieces per thread: 8 x 16 bytes of fp32 (or 8 scalars); 4 for 16-bit
-  // logits, whose unpacked floats would otherwise spill under the 64-register
-  // bound.
-  constexpr int R = kVec && sizeof(T) == 2 ? 4 : 8;
+  constexpr int R = PiecesPerThread<T, kVec>();
   const int64_t vecs = (args.vocab + kW - 1) / kW;
   // The prefetching variant holds two tiles of half as many pieces: the same
   // registers for two rows. On the H200 it pays for fp32 rows that one CTA
@@ -2048,7 +2061,7 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, int num_sms,
   if (args.tune_blocks_per_sm > 0 && args.tune_blocks_per_sm < per_sm)
     per_sm = args.tune_blocks_per_sm;
   // Warps a row (WarpGroup), at most one a tile of the row.
-  constexpr int kR = kVec && sizeof(T) == 2 ? 4 : 8;
+  constexpr int kR = PiecesPerThread<T, kVec>();
   constexpr bool kWalk = !kGrad && kVec && sizeof(T) == 4;  // half tiles
   constexpr int kTileVecs = 32 * (kWalk ? kR / 2 : kR);
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
