@@ -1,8 +1,8 @@
 // Safetensors checkpoints: the atomic file write, the writer (header JSON
 // built by hand with proper escaping, space padding to 8 bytes, data laid out
-// by decreasing element size) and the reader, whose small recursive-descent
-// JSON parser (depth-limited, UTF-8 checked) and validation turn every defect
-// of a file into a DataLossError.
+// by decreasing element size) and the reader, whose validation of the header
+// (parsed by runtime/json_parser.h) turns every defect of a file into a
+// DataLossError.
 #include "runtime/safetensors.h"
 
 #include <fcntl.h>
@@ -19,10 +19,14 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/json_parser.h"
 #include "runtime/status.h"
 
 namespace lossrt {
 namespace {
+
+using json::IsValidUtf8;
+using Json = json::Value;
 
 // The reference implementation's limit on the header (it refuses larger).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -155,342 +159,6 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   contents.resize(done);
   return contents;
 }
-
-// ---- UTF-8 and JSON strings ----
-
-// Whether `text` is well-formed UTF-8 (no overlong forms, no surrogates,
-// nothing past U+10FFFF), as JSON parsers require.
-bool IsValidUtf8(absl::string_view text) {
-  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
-  const size_t size = text.size();
-  size_t i = 0;
-  while (i < size) {
-    const uint8_t lead = bytes[i];
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    int extra;
-    uint8_t low = 0x80, high = 0xBF;  // bounds of the second byte
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      extra = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      extra = 2;
-      if (lead == 0xE0) low = 0xA0;   // overlong
-      if (lead == 0xED) high = 0x9F;  // surrogates
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      extra = 3;
-      if (lead == 0xF0) low = 0x90;   // overlong
-      if (lead == 0xF4) high = 0x8F;  // past U+10FFFF
-    } else {
-      return false;
-    }
-    if (size - i <= static_cast<size_t>(extra)) return false;
-    if (bytes[i + 1] < low || bytes[i + 1] > high) return false;
-    for (int k = 2; k <= extra; ++k) {
-      if (bytes[i + k] < 0x80 || bytes[i + k] > 0xBF) return false;
-    }
-    i += extra + 1;
-  }
-  return true;
-}
-
-// `text` (valid UTF-8) as a JSON string literal, quotes included.
-void AppendJsonString(absl::string_view text, std::string* out) {
-  out->push_back('"');
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\b':
-        out->append("\\b");
-        break;
-      case '\f':
-        out->append("\\f");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<uint8_t>(c) < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out->append("\\u00");
-          out->push_back(kHex[static_cast<uint8_t>(c) >> 4]);
-          out->push_back(kHex[static_cast<uint8_t>(c) & 0xF]);
-        } else {
-          out->push_back(c);  // ASCII or a byte of a UTF-8 sequence
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-void AppendUtf8(uint32_t code_point, std::string* out) {
-  if (code_point < 0x80) {
-    out->push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else if (code_point < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (code_point >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-}
-
-// ---- A small JSON parser ----
-
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  std::string text;               // a string's value or a number's literal
-  std::vector<Json> items;        // array elements, or object values
-  std::vector<std::string> keys;  // object keys, parallel to items
-};
-
-const char* KindName(Json::Kind kind) {
-  switch (kind) {
-    case Json::Kind::kNull:
-      return "null";
-    case Json::Kind::kBool:
-      return "a boolean";
-    case Json::Kind::kNumber:
-      return "a number";
-    case Json::Kind::kString:
-      return "a string";
-    case Json::Kind::kArray:
-      return "an array";
-    case Json::Kind::kObject:
-      return "an object";
-  }
-  return "?";
-}
-
-// RFC 8259 JSON (no extensions) over a UTF-8 text.
-class JsonParser {
- public:
-  explicit JsonParser(absl::string_view text) : text_(text) {}
-
-  // One value and nothing after it but whitespace.
-  absl::StatusOr<Json> ParseDocument() {
-    Json value;
-    RETURN_IF_ERROR(ParseValue(&value, 0));
-    SkipWhitespace();
-    if (pos_ != text_.size()) return Error("unexpected data after the header");
-    return value;
-  }
-
- private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat(
-        "safetensors: invalid JSON header: ", what, " at byte ", pos_));
-  }
-
-  void SkipWhitespace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r'))
-      ++pos_;
-  }
-
-  bool Consume(absl::string_view literal) {
-    if (text_.substr(pos_, literal.size()) != literal) return false;
-    pos_ += literal.size();
-    return true;
-  }
-
-  absl::Status ParseValue(Json* out, int depth) {
-    if (depth > kMaxJsonDepth) return Error("nested too deeply");
-    SkipWhitespace();
-    if (pos_ >= text_.size()) return Error("unexpected end");
-    const char c = text_[pos_];
-    if (c == '{') return ParseObject(out, depth);
-    if (c == '[') return ParseArray(out, depth);
-    if (c == '"') {
-      out->kind = Json::Kind::kString;
-      return ParseString(&out->text);
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      out->kind = Json::Kind::kNumber;
-      return ParseNumber(&out->text);
-    }
-    if (Consume("true") || Consume("false")) {
-      out->kind = Json::Kind::kBool;
-      out->boolean = c == 't';
-      return absl::OkStatus();
-    }
-    if (Consume("null")) {
-      out->kind = Json::Kind::kNull;
-      return absl::OkStatus();
-    }
-    return Error(absl::StrCat("unexpected character '",
-                              absl::CHexEscape(text_.substr(pos_, 1)), "'"));
-  }
-
-  absl::Status ParseObject(Json* out, int depth) {
-    out->kind = Json::Kind::kObject;
-    ++pos_;  // '{'
-    SkipWhitespace();
-    if (Consume("}")) return absl::OkStatus();
-    while (true) {
-      SkipWhitespace();
-      if (pos_ >= text_.size() || text_[pos_] != '"') {
-        return Error("expected a string key");
-      }
-      std::string key;
-      RETURN_IF_ERROR(ParseString(&key));
-      SkipWhitespace();
-      if (!Consume(":")) return Error("expected ':'");
-      Json value;
-      RETURN_IF_ERROR(ParseValue(&value, depth + 1));
-      out->keys.push_back(std::move(key));
-      out->items.push_back(std::move(value));
-      SkipWhitespace();
-      if (Consume("}")) return absl::OkStatus();
-      if (!Consume(",")) return Error("expected ',' or '}'");
-    }
-  }
-
-  absl::Status ParseArray(Json* out, int depth) {
-    out->kind = Json::Kind::kArray;
-    ++pos_;  // '['
-    SkipWhitespace();
-    if (Consume("]")) return absl::OkStatus();
-    while (true) {
-      Json value;
-      RETURN_IF_ERROR(ParseValue(&value, depth + 1));
-      out->items.push_back(std::move(value));
-      SkipWhitespace();
-      if (Consume("]")) return absl::OkStatus();
-      if (!Consume(",")) return Error("expected ',' or ']'");
-    }
-  }
-
-  // Four hex digits of a \u escape.
-  absl::StatusOr<uint32_t> ParseHex4() {
-    if (text_.size() - pos_ < 4) return Error("truncated \\u escape");
-    uint32_t value = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = text_[pos_++];
-      value <<= 4;
-      if (c >= '0' && c <= '9') {
-        value |= c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        value |= c - 'a' + 10;
-      } else if (c >= 'A' && c <= 'F') {
-        value |= c - 'A' + 10;
-      } else {
-        return Error("bad hex digit in \\u escape");
-      }
-    }
-    return value;
-  }
-
-  absl::Status ParseString(std::string* out) {
-    ++pos_;  // '"'
-    while (true) {
-      if (pos_ >= text_.size()) return Error("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return absl::OkStatus();
-      if (static_cast<uint8_t>(c) < 0x20) {
-        return Error("raw control character in a string");
-      }
-      if (c != '\\') {
-        out->push_back(c);  // the whole text was checked to be UTF-8
-        continue;
-      }
-      if (pos_ >= text_.size()) return Error("unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out->push_back(e);
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          ASSIGN_OR_RETURN(uint32_t code, ParseHex4());
-          if (code >= 0xDC00 && code <= 0xDFFF) {
-            return Error("lone low surrogate in \\u escape");
-          }
-          if (code >= 0xD800 && code <= 0xDBFF) {
-            if (!Consume("\\u")) return Error("lone high surrogate");
-            ASSIGN_OR_RETURN(uint32_t low, ParseHex4());
-            if (low < 0xDC00 || low > 0xDFFF) {
-              return Error("high surrogate without a low one");
-            }
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          }
-          AppendUtf8(code, out);
-          break;
-        }
-        default:
-          return Error("unknown escape");
-      }
-    }
-  }
-
-  // The literal of a number, checked against the JSON grammar.
-  absl::Status ParseNumber(std::string* out) {
-    const size_t start = pos_;
-    auto digits = [&]() {
-      const size_t first = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9')
-        ++pos_;
-      return pos_ - first;
-    };
-    if (text_[pos_] == '-') ++pos_;
-    if (pos_ < text_.size() && text_[pos_] == '0') {
-      ++pos_;
-    } else if (digits() == 0) {
-      return Error("malformed number");
-    }
-    if (pos_ < text_.size() && text_[pos_] == '.') {
-      ++pos_;
-      if (digits() == 0) return Error("malformed number");
-    }
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-'))
-        ++pos_;
-      if (digits() == 0) return Error("malformed number");
-    }
-    out->assign(text_.data() + start, pos_ - start);
-    return absl::OkStatus();
-  }
-
-  absl::string_view text_;
-  size_t pos_ = 0;
-};
 
 // ---- The header's meaning ----
 
@@ -637,21 +305,21 @@ absl::Status WriteSafetensors(
   // The header, compact as the reference writer makes it.
   std::string header = "{";
   if (!metadata.empty()) {
-    AppendJsonString(kMetadataKey, &header);
+    json::AppendQuoted(kMetadataKey, &header);
     header.append(":{");
     bool first = true;
     for (const auto& [key, value] : metadata) {
       if (!first) header.push_back(',');
       first = false;
-      AppendJsonString(key, &header);
+      json::AppendQuoted(key, &header);
       header.push_back(':');
-      AppendJsonString(value, &header);
+      json::AppendQuoted(value, &header);
     }
     header.push_back('}');
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     if (header.size() > 1) header.push_back(',');
-    AppendJsonString(entries[i].name, &header);
+    json::AppendQuoted(entries[i].name, &header);
     absl::StrAppend(&header, ":{\"dtype\":\"",
                     SafetensorsDTypeName(entries[i].dtype), "\",\"shape\":[");
     for (size_t d = 0; d < entries[i].shape.size(); ++d) {
@@ -721,7 +389,12 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents) {
     return absl::DataLossError(
         "safetensors: the header does not start with '{'");
   }
-  ASSIGN_OR_RETURN(Json root, JsonParser(header).ParseDocument());
+  absl::StatusOr<Json> root_or = json::Parse(header, kMaxJsonDepth);
+  if (!root_or.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "safetensors: invalid JSON header: ", root_or.status().message()));
+  }
+  const Json& root = *root_or;
 
   SafetensorsFile file;
   const int64_t data_start = static_cast<int64_t>(8 + n);
@@ -738,14 +411,14 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents) {
       if (value.kind == Json::Kind::kNull) continue;
       if (value.kind != Json::Kind::kObject) {
         return absl::DataLossError(absl::StrCat("safetensors: __metadata__ is ",
-                                                KindName(value.kind),
+                                                json::KindName(value.kind),
                                                 ", not an object"));
       }
       for (size_t k = 0; k < value.keys.size(); ++k) {
         if (value.items[k].kind != Json::Kind::kString) {
           return absl::DataLossError(absl::StrCat(
               "safetensors: __metadata__ '", absl::CHexEscape(value.keys[k]),
-              "' is ", KindName(value.items[k].kind), ", not a string"));
+              "' is ", json::KindName(value.items[k].kind), ", not a string"));
         }
         if (!file.metadata_.emplace(value.keys[k], value.items[k].text)
                  .second) {
@@ -757,8 +430,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents) {
       continue;
     }
     if (value.kind != Json::Kind::kObject) {
-      return TensorError(
-          name, absl::StrCat("is ", KindName(value.kind), ", not an object"));
+      return TensorError(name, absl::StrCat("is ", json::KindName(value.kind),
+                                            ", not an object"));
     }
     ASSIGN_OR_RETURN(const Json* dtype, Member(value, "dtype", name));
     ASSIGN_OR_RETURN(const Json* shape, Member(value, "shape", name));
@@ -775,7 +448,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents) {
                     ? absl::StrCat(
                           "unsupported dtype '", absl::CHexEscape(dtype->text),
                           "' (supported: F64, F32, F16, BF16, I64, I32)")
-                    : absl::StrCat("dtype is ", KindName(dtype->kind)));
+                    : absl::StrCat("dtype is ", json::KindName(dtype->kind)));
     }
     if (shape->kind != Json::Kind::kArray) {
       return TensorError(name, "shape is not an array");

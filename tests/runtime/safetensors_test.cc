@@ -364,7 +364,7 @@ TEST(SafetensorsTest, CorruptFilesAreDataLoss) {
                 "8]}",
                 f32x2),
        "JSON"},
-      {"trailing garbage", MakeFile("{} x", ""), "after the header"},
+      {"trailing garbage", MakeFile("{} x", ""), "data after the value"},
       {"invalid UTF-8", MakeFile("{\"\xff\":1}", ""), "UTF-8"},
       {"raw newline in a string", MakeFile("{\"a\nb\":1}", ""), "control"},
       {"lone surrogate", MakeFile("{\"\\ud800\":1}", ""), "surrogate"},
