@@ -1,6 +1,7 @@
 // The trainer: micro-batch accumulation, AdamW steps and checkpoints.
 #include "graph/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +29,27 @@ constexpr char kModelFile[] = "model.safetensors";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kLatestFile[] = "latest";
 constexpr char kStepKey[] = "lossrt.step";
+constexpr char kTempSuffix[] = ".tmp";
+
+// The folder name of the checkpoint at `step`: step-00000042.
+std::string CheckpointName(int64_t step) {
+  return absl::StrFormat("step-%08d", step);
+}
+
+// The step of a name CheckpointName(step) (+ kTempSuffix when `temp`) would
+// give, exactly; -1 for any other name.
+int64_t ParseCheckpointName(absl::string_view name, bool* temp) {
+  *temp = absl::ConsumeSuffix(&name, kTempSuffix);
+  if (!absl::ConsumePrefix(&name, "step-") || name.empty() ||
+      name.size() > 18 ||
+      !std::all_of(name.begin(), name.end(), absl::ascii_isdigit)) {
+    return -1;
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name, &step)) return -1;
+  // Leading zeros beyond the 8 digits are not ours (step-000000001).
+  return CheckpointName(step) == absl::StrCat("step-", name) ? step : -1;
+}
 
 // The flat buffer `tensor` (on any device) as host bytes.
 absl::StatusOr<std::vector<uint8_t>> ToHostBytes(const Tensor& tensor,
@@ -243,10 +266,10 @@ absl::StatusOr<std::string> Trainer::Save(
   ASSIGN_OR_RETURN(std::vector<uint8_t> v, ToHostBytes(v_.view, context));
   const int64_t element = DTypeSize(params.master.dtype);
 
-  const std::string name = absl::StrFormat("step-%08d", step_);
+  const std::string name = CheckpointName(step_);
   const fs::path root(dir);
   const fs::path final_path = root / name;
-  const fs::path temp_path = root / (name + ".tmp");
+  const fs::path temp_path = root / (name + kTempSuffix);
   std::error_code error;
   fs::create_directories(root, error);
   if (error) return Fail(absl::StrCat("creating ", dir), error);
@@ -293,6 +316,60 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
         absl::StrCat(latest.string(), " does not name a checkpoint"));
   }
   return (fs::path(dir) / name).string();
+}
+
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
+    const std::string& dir, int64_t keep) {
+  if (keep < 0) {
+    return InvalidArgument("PruneCheckpoints: keep must be >= 0 (0: all), got ",
+                           keep);
+  }
+  // The folder `latest` names stays whatever its step (e.g. when a fresh run
+  // wrote fewer steps into a folder that holds an older, longer run).
+  std::string latest;
+  if (absl::StatusOr<std::string> folder = LatestCheckpoint(dir); folder.ok()) {
+    latest = fs::path(*folder).filename().string();
+  }
+  std::vector<std::pair<int64_t, fs::path>> checkpoints;
+  std::vector<fs::path> doomed;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint folder ", dir));
+  }
+  fs::directory_iterator it(dir, error);
+  if (error) return Fail(absl::StrCat("listing ", dir), error);
+  for (; it != fs::directory_iterator(); it.increment(error)) {
+    if (error) return Fail(absl::StrCat("listing ", dir), error);
+    const fs::file_status status = it->symlink_status(error);
+    if (error || !fs::is_directory(status)) continue;
+    bool temp = false;
+    const std::string name = it->path().filename().string();
+    const int64_t step = ParseCheckpointName(name, &temp);
+    if (step < 0) continue;
+    if (temp) {
+      doomed.push_back(it->path());
+    } else {
+      checkpoints.push_back({step, it->path()});
+    }
+  }
+  if (error) return Fail(absl::StrCat("listing ", dir), error);
+  if (keep > 0) {
+    std::sort(checkpoints.begin(), checkpoints.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = keep; i < checkpoints.size(); ++i) {
+      if (checkpoints[i].second.filename() != latest) {
+        doomed.push_back(checkpoints[i].second);
+      }
+    }
+  }
+  std::vector<std::string> removed;
+  for (const fs::path& path : doomed) {
+    fs::remove_all(path, error);
+    if (error) return Fail(absl::StrCat("removing ", path.string()), error);
+    removed.push_back(path.string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& folder) {

@@ -16,7 +16,8 @@
 // in its metadata, the step and the caller's extra state (e.g. the data
 // position). Save writes a new folder <dir>/step-<N> through a temporary
 // folder and a rename, then points <dir>/latest at it (written atomically), so
-// a crash never leaves a checkpoint half written.
+// a crash never leaves a checkpoint half written. PruneCheckpoints removes the
+// older step-<N> folders and the temporary folders a crashed Save left behind.
 #ifndef LOSSRT_GRAPH_TRAINER_H_
 #define LOSSRT_GRAPH_TRAINER_H_
 
@@ -24,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,6 +98,18 @@ class Trainer {
 
 // The checkpoint folder <dir>/latest points at, if any (NotFound otherwise).
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// Keeps the `keep` checkpoints of <dir> with the highest steps (0: keeps all)
+// and also the one <dir>/latest names (the same one unless an older run left
+// higher steps in <dir>), removes the other checkpoint folders and
+// every temporary folder an interrupted Save left behind; returns the paths
+// removed, sorted. Only folders (not symlinks) named exactly like Save names
+// them, step-<N as 8 or more digits>[.tmp], are touched: other files and
+// folders are left alone. One writer per <dir>: a temporary folder that
+// another process is writing at the time is removed too. InvalidArgument when
+// `keep` < 0 (nothing is removed).
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
+    const std::string& dir, int64_t keep);
 
 // The model config saved in a checkpoint folder's model.safetensors.
 absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& folder);

@@ -1,13 +1,19 @@
 // Tests of the trainer: checkpoints resume exactly (the same losses as an
 // uninterrupted run), gradient accumulation matches one large batch, the
-// checkpoint files are valid safetensors, and sampling is deterministic.
+// checkpoint files are valid safetensors, pruning keeps exactly the newest
+// checkpoints and removes what interrupted saves left (and nothing else), and
+// sampling is deterministic.
 #include "graph/trainer.h"
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "graph/sampling.h"
 #include "gtest/gtest.h"
 #include "runtime/safetensors.h"
@@ -153,6 +159,102 @@ TEST(TrainerTest, CheckpointHoldsNamedWeightsAndConfig) {
   ASSERT_OK_AND_ASSIGN(auto wrong_trainer, Trainer::Create(*wrong, Options()));
   EXPECT_EQ(wrong_trainer->Load(folder).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The names in `dir` (files, folders and links alike).
+std::set<std::string> Names(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+void Touch(const fs::path& path) { std::ofstream(path) << "not ours\n"; }
+
+TEST(TrainerTest, PruneKeepsTheNewestCheckpointsAndNothingElseGoes) {
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  const BatchShape shape{1, 16};
+  ASSERT_OK_AND_ASSIGN(auto model,
+                       Gpt::Create(*context, SmallConfig(), shape, DType::kF32,
+                                   GptHead::kFusedLoss));
+  ASSERT_OK(model->Initialize(seed));
+  ASSERT_OK_AND_ASSIGN(auto trainer, Trainer::Create(*model, Options()));
+  const fs::path dir = TempDir("prune");
+  fs::create_directories(dir);
+  // What is not ours: files, folders of other names, a link to a folder named
+  // like a checkpoint, a file named like a temporary folder.
+  const fs::path outside = TempDir("prune_outside");
+  fs::create_directories(outside / "step-00000001");
+  Touch(outside / "step-00000001" / "keep.txt");
+  fs::create_directory_symlink(outside / "step-00000001",
+                               dir / "step-00000000");
+  Touch(dir / "notes.txt");
+  Touch(dir / "step-00000011.tmp");
+  for (const char* other :
+       {"step-7", "step-000000007", "step-00000008.bak", "mystep-00000001",
+        "step-0000000x", "step-+0000009", "step-00000009.tmp.old", "tmp"}) {
+    fs::create_directories(dir / other);
+    Touch(dir / other / "keep.txt");
+  }
+  const std::set<std::string> foreign = Names(dir);
+  // What an interrupted save leaves: a temporary folder, half written.
+  fs::create_directories(dir / "step-00000009.tmp");
+  Touch(dir / "step-00000009.tmp" / "model.safetensors");
+
+  const int64_t steps = 5 + static_cast<int64_t>(seed % 3);  // 5 to 7
+  std::vector<int32_t> ids = Tokens(shape.rows(), seed + 1);
+  std::vector<int32_t> targets = Tokens(shape.rows(), seed + 2);
+  for (int64_t step = 1; step <= steps; ++step) {
+    ASSERT_OK(trainer->Step(ids, targets).status());
+    ASSERT_OK(trainer->Save(dir.string(), {}).status());
+  }
+  auto name = [](int64_t step) { return absl::StrFormat("step-%08d", step); };
+
+  // keep = 0 keeps every checkpoint; only the temporary folder goes.
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed,
+                       PruneCheckpoints(dir.string(), 0));
+  EXPECT_EQ(removed,
+            std::vector<std::string>{(dir / "step-00000009.tmp").string()});
+  std::set<std::string> want = foreign;
+  want.insert("latest");
+  for (int64_t step = 1; step <= steps; ++step) want.insert(name(step));
+  EXPECT_EQ(Names(dir), want);
+
+  // keep = 3: exactly the 3 newest stay.
+  ASSERT_OK_AND_ASSIGN(removed, PruneCheckpoints(dir.string(), 3));
+  std::vector<std::string> want_removed;
+  for (int64_t step = 1; step <= steps - 3; ++step) {
+    want_removed.push_back((dir / name(step)).string());
+    want.erase(name(step));
+  }
+  EXPECT_EQ(removed, want_removed);
+  EXPECT_EQ(Names(dir), want);
+  EXPECT_TRUE(fs::exists(outside / "step-00000001" / "keep.txt"));
+  for (const char* other : {"step-7", "step-000000007", "step-00000008.bak"}) {
+    EXPECT_TRUE(fs::exists(dir / other / "keep.txt")) << other;
+  }
+
+  // The checkpoint `latest` names stays even when it is not among the newest.
+  ASSERT_OK(
+      WriteFileAtomically((dir / "latest").string(), name(steps - 2) + "\n"));
+  ASSERT_OK_AND_ASSIGN(removed, PruneCheckpoints(dir.string(), 1));
+  EXPECT_EQ(removed,
+            std::vector<std::string>{(dir / name(steps - 1)).string()});
+  want.erase(name(steps - 1));
+  EXPECT_EQ(Names(dir), want);
+  ASSERT_OK_AND_ASSIGN(auto extra, trainer->Load(dir.string()));
+  EXPECT_EQ(trainer->step(), steps - 2);
+
+  // A negative count is refused and removes nothing.
+  fs::create_directories(dir / "step-00000012.tmp");
+  EXPECT_EQ(PruneCheckpoints(dir.string(), -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fs::exists(dir / "step-00000012.tmp"));
+  EXPECT_EQ(PruneCheckpoints((dir / "missing").string(), 1).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(TrainerTest, MicroBatchesMatchOneBatch) {
