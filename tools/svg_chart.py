@@ -2,7 +2,7 @@
 scripts: bench/plot_workspace_curve.py and examples/plot_loss.py.
 
   svg = line_chart("Loss", [("train", [(1, 4.2), (2, 3.9)])], x_ticks=[(1, "1"), (2, "2")],
-                   y_ticks=[(3.5, "3.5"), (4.5, "4.5")], x_label="step")
+                   y_ticks=[(3.5, "3.5"), (4.5, "4.5")], x_label="step", y_label="loss")
 """
 import math
 
@@ -10,8 +10,9 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 
 
 def line_chart(title, series, x_ticks, y_ticks, x_label="", log_x=False, markers=True,
-               width=640, height=400):
-    """series: [(label, [(x, y), ...])]; ticks: [(value, text)] (their range sets the axes)."""
+               width=640, height=400, y_label=""):
+    """series: [(label, [(x, y), ...])]; ticks: [(value, text)] (their range sets the axes);
+    x_label under the x axis, y_label up the left side."""
     left, right, top, bottom = 60, 190, 30, 50
     xs = [value for value, _ in x_ticks] + [p[0] for _, points in series for p in points]
     ys = [value for value, _ in y_ticks] + [p[1] for _, points in series for p in points]
@@ -42,6 +43,11 @@ def line_chart(title, series, x_ticks, y_ticks, x_label="", log_x=False, markers
         out.append(f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{text}</text>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" '
                f'text-anchor="middle">{x_label}</text>')
+    if y_label:
+        # Rotated a quarter turn about its anchor, left of the tick labels.
+        y_mid = (top + height - bottom) / 2
+        out.append(f'<text x="14" y="{y_mid}" text-anchor="middle" '
+                   f'transform="rotate(-90 14 {y_mid})">{y_label}</text>')
     for i, (label, points) in enumerate(series):
         color = COLORS[i % len(COLORS)]
         path = " ".join(f"{x(px):.1f},{y(py):.1f}" for px, py in points)
