@@ -7,6 +7,9 @@
 #                                     is runtime_random_test
 #   gpu_stage/bench/<name>            benchmarks (//bench:cross_entropy is bench/cross_entropy)
 #   gpu_stage/examples/<name>         examples
+#   gpu_stage/data/fortunes/          the default corpus of examples/train_lm (the files of
+#                                     Debian's /usr/share/games/fortunes, which the GPU machine
+#                                     lacks; train_lm looks for data/fortunes above its binary)
 #   gpu_stage/run_gpu_tests.sh        runs every test next to it: gpu_stage/run_gpu_tests.sh
 #   gpu_stage/MANIFEST                label, file, libraries and glibc version of each binary
 #
@@ -30,6 +33,23 @@ readonly BUILD_FLAGS=(-c opt "$@")
 readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|ld-linux[-a-z0-9_]*\.so)'
 
 say() { echo "stage_gpu: $*" >&2; }
+
+# Copies the default corpus of train_lm into ${STAGE}/data/fortunes: the regular files only
+# (Debian's <name>.u8 are symlinks, which the corpus reader skips anyway; the <name>.dat
+# indexes come along, as they mark the fortune files). Not installed here: a note, no error.
+stage_corpus() {
+  local source=/usr/share/games/fortunes dest="${STAGE}/data/fortunes" dest_abs
+  if [[ ! -d "${source}" ]]; then
+    say "note: ${source} is not installed (apt-get install fortunes-min): train_lm there needs --data"
+    return 0
+  fi
+  if ! mkdir -p "${dest}" || ! dest_abs=$(cd "${dest}" && pwd) ||
+    ! (cd "${source}" && find . -type f -print0 | xargs -0 -r cp --parents -t "${dest_abs}"); then
+    say "copying ${source} to ${dest} failed"
+    return 1
+  fi
+  say "staged train_lm's default corpus, ${source}, in ${dest}/ ($(du -sh "${dest}" | cut -f1))"
+}
 
 # Labels of one kind under some patterns; a pattern with no packages yields nothing.
 query_labels() {
@@ -83,6 +103,8 @@ main() {
   mkdir -p "${STAGE}"
   cp tools/run_gpu_tests.sh "${STAGE}/run_gpu_tests.sh"
   chmod 755 "${STAGE}/run_gpu_tests.sh"
+  local corpus_rc=0
+  stage_corpus || corpus_rc=1
   {
     echo "# Staged by tools/stage_gpu.sh at $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
     echo "# bazel build ${BUILD_FLAGS[*]}"
@@ -141,7 +163,7 @@ main() {
 
   say "staged ${staged} binaries in ${STAGE}/ ($(du -sh "${STAGE}" | cut -f1)); ${missing} not built; ${bad} with unexpected libraries"
   say "run there: ${STAGE}/run_gpu_tests.sh"
-  ((build_rc == 0 && missing == 0 && bad == 0))
+  ((build_rc == 0 && missing == 0 && bad == 0 && corpus_rc == 0))
 }
 
 main
