@@ -12,12 +12,21 @@
 //
 // Model-size flags left at 0 pick a default that suits the device: a model
 // that trains in a few minutes on two CPU cores, or a larger one on a GPU.
+// Every flag is checked before anything runs: a value out of its range is an
+// InvalidArgument error naming the flag, its value and what it accepts.
+//
+// The default corpus (no --data) is a data/fortunes folder in the binary's
+// folder or a folder above it (tools/stage_gpu.sh stages one beside the GPU
+// binaries), else Debian's /usr/share/games/fortunes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,11 +35,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "data/batcher.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
@@ -43,34 +56,43 @@
 #include "runtime/device.h"
 #include "runtime/status.h"
 
-ABSL_FLAG(std::string, data, lossrt::data::kDefaultCorpus,
+ABSL_FLAG(std::string, data, "",
           "Training data: a text file, a folder of text files (fortune files "
           "are recognized), or llm.c token shards (a .bin file or a glob "
-          "pattern ending in .bin).");
+          "pattern ending in .bin). Empty: the default corpus, a data/fortunes "
+          "folder in the binary's folder or one above it (tools/stage_gpu.sh "
+          "stages one), else Debian's /usr/share/games/fortunes.");
 ABSL_FLAG(std::string, tokenizer, "bpe",
           "'bpe' (train a byte-level BPE on the data), 'byte', or the path of "
           "a tokenizer file saved earlier. Ignored for token shards.");
 ABSL_FLAG(int32_t, vocab, 0,
-          "BPE vocabulary size to train (0: 4096 on the CPU, 8192 on a GPU).");
-ABSL_FLAG(int32_t, layers, 0, "Transformer blocks (0: device default).");
-ABSL_FLAG(int32_t, heads, 0, "Attention heads (0: device default).");
-ABSL_FLAG(int32_t, width, 0, "Model width (0: device default).");
-ABSL_FLAG(int32_t, context, 0,
-          "Sequence length trained on, and the model's context (0: device "
+          "BPE vocabulary size to train, 256 to 2^20 (0: 4096 on the CPU, 8192 "
+          "on a GPU).");
+ABSL_FLAG(int32_t, layers, 0,
+          "Transformer blocks, 1 to 1024 (0: device default).");
+ABSL_FLAG(int32_t, heads, 0,
+          "Attention heads, 1 to 1024, dividing the width (0: device "
           "default).");
+ABSL_FLAG(int32_t, width, 0, "Model width, 1 to 65536 (0: device default).");
+ABSL_FLAG(int32_t, context, 0,
+          "Sequence length trained on, and the model's context, 1 to 2^20 (0: "
+          "device default).");
 ABSL_FLAG(std::string, norm, "layernorm", "layernorm or rmsnorm.");
 ABSL_FLAG(std::string, mlp, "gelu", "gelu or swiglu.");
 ABSL_FLAG(bool, tied, true, "Tie the head to the token embedding.");
 ABSL_FLAG(std::string, head, "fused",
           "fused (linear cross-entropy, no logits) or unfused (full logits + "
           "cross-entropy).");
-ABSL_FLAG(int32_t, batch, 0, "Sequences per micro-batch (0: device default).");
-ABSL_FLAG(int32_t, micro_batches, 1, "Micro-batches per optimizer step.");
+ABSL_FLAG(int32_t, batch, 0,
+          "Sequences per micro-batch, 1 to 65536 (0: device default).");
+ABSL_FLAG(int32_t, micro_batches, 1,
+          "Micro-batches per optimizer step, 1 to 65536.");
 ABSL_FLAG(int32_t, steps, 0, "Optimizer steps in all (0: device default).");
-ABSL_FLAG(double, lr, 0, "Peak learning rate (0: device default).");
-ABSL_FLAG(double, min_lr_ratio, 0.1, "Final learning rate / peak.");
-ABSL_FLAG(int32_t, warmup, -1, "Warm-up steps (-1: 5% of the steps).");
-ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay.");
+ABSL_FLAG(double, lr, 0, "Peak learning rate, in (0, 1] (0: device default).");
+ABSL_FLAG(double, min_lr_ratio, 0.1, "Final learning rate / peak, in [0, 1].");
+ABSL_FLAG(int32_t, warmup, -1,
+          "Warm-up steps, 0 to --steps (-1: 5% of the steps).");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay (>= 0).");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip (0: off).");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(bool, cuda_graph, true,
@@ -79,7 +101,8 @@ ABSL_FLAG(bool, cuda_graph, true,
 ABSL_FLAG(std::string, dtype, "auto",
           "Activations: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of the initialization and batches.");
-ABSL_FLAG(double, val_fraction, 0.05, "Share of the tokens held out.");
+ABSL_FLAG(double, val_fraction, 0.05,
+          "Share of the tokens held out, in [0, 1) (0: no validation).");
 ABSL_FLAG(int32_t, eval_interval, 0,
           "Steps between validation losses (0: 10 evaluations a run).");
 ABSL_FLAG(int32_t, eval_batches, 8, "Validation batches per evaluation.");
@@ -88,18 +111,27 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "Folder for checkpoints (empty: none are written).");
 ABSL_FLAG(int32_t, checkpoint_interval, 0,
           "Steps between checkpoints (0: only at the end).");
+ABSL_FLAG(int32_t, keep_checkpoints, 3,
+          "Checkpoints kept in --checkpoint_dir: after each save the older "
+          "step-N folders go, and so do the temporary folders of interrupted "
+          "saves; nothing else there is touched (0: keep all).");
 ABSL_FLAG(bool, resume, false,
           "Continue from the latest checkpoint in --checkpoint_dir.");
 ABSL_FLAG(int32_t, stop_at_step, 0,
-          "Stop after this step (as if interrupted; 0: run all --steps). The "
-          "schedule still spans --steps, so a --resume continues exactly.");
+          "Stop after this step, 1 to --steps (as if interrupted; 0: run all "
+          "--steps). The schedule still spans --steps, so a --resume continues "
+          "exactly.");
 ABSL_FLAG(int32_t, sample_length, 200, "Tokens sampled at the end (0: none).");
 ABSL_FLAG(int32_t, sample_interval, 0, "Steps between samples (0: end only).");
 ABSL_FLAG(double, temperature, 0.8, "Sampling temperature (0: greedy).");
 ABSL_FLAG(int32_t, top_k, 40, "Sample from the k likeliest tokens (0: all).");
 ABSL_FLAG(std::string, prompt, "\n", "Text the samples start from.");
 ABSL_FLAG(std::string, metrics, "",
-          "Write JSON lines {step, loss, val_loss, tokens_per_s} here.");
+          "Write JSON lines {step, loss, val_loss, tokens_per_s, train_s, "
+          "eval_s} here, one per progress line and one for the step-0 "
+          "validation (loss, tokens_per_s and train_s null). tokens_per_s and "
+          "train_s count training only, since the previous line; eval_s is "
+          "the time of this line's validation (null: none).");
 
 namespace lossrt {
 namespace {
@@ -176,37 +208,262 @@ absl::StatusOr<std::unique_ptr<data::Tokenizer>> MakeTokenizer(
       std::make_unique<data::BpeTokenizer>(std::move(bpe)));
 }
 
-absl::Status WriteMetricsLine(std::ofstream& out, int64_t step, float loss,
-                              std::optional<float> val_loss,
-                              double tokens_per_s) {
-  out << absl::StrFormat(
-      "{\"step\": %d, \"loss\": %.6f, \"val_loss\": %s, \"tokens_per_s\": "
-      "%.1f}\n",
-      step, loss,
-      val_loss ? absl::StrFormat("%.6f", *val_loss) : std::string("null"),
-      tokens_per_s);
+// A JSON number with `digits` decimals, or null.
+std::string JsonNumber(std::optional<double> value, int digits) {
+  return value ? absl::StrFormat("%.*f", digits, *value) : "null";
+}
+
+// One line of the --metrics file (see the flag's help).
+struct MetricsLine {
+  int64_t step = 0;
+  std::optional<double> loss, val_loss, tokens_per_s, train_s, eval_s;
+};
+
+absl::Status WriteMetricsLine(std::ofstream& out, const MetricsLine& line) {
+  out << "{\"step\": " << line.step
+      << ", \"loss\": " << JsonNumber(line.loss, 6)
+      << ", \"val_loss\": " << JsonNumber(line.val_loss, 6)
+      << ", \"tokens_per_s\": " << JsonNumber(line.tokens_per_s, 1)
+      << ", \"train_s\": " << JsonNumber(line.train_s, 6)
+      << ", \"eval_s\": " << JsonNumber(line.eval_s, 6) << "}\n";
   out.flush();
   if (!out) return absl::InternalError("writing the metrics file failed");
   return absl::OkStatus();
 }
 
+// ---- Flag checks: each error names the flag, its value and what it takes ----
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+constexpr double kMaxFloat = std::numeric_limits<float>::max();
+
+absl::Status BadFlag(absl::string_view name, absl::string_view value,
+                     absl::string_view allowed) {
+  return InvalidArgument("--", name, "=", value, " is invalid: want ", allowed);
+}
+
+// `value` in [lo, hi], or 0 when `zero` (what 0 means) is given.
+absl::Status CheckInt(absl::string_view name, int64_t value, int64_t lo,
+                      int64_t hi, const char* zero = nullptr) {
+  if ((value >= lo && value <= hi) || (zero != nullptr && value == 0)) {
+    return absl::OkStatus();
+  }
+  return BadFlag(
+      name, absl::StrCat(value),
+      absl::StrCat(zero != nullptr ? absl::StrCat("0 (", zero, ") or ") : "",
+                   "an integer in [", lo, ", ", hi, "]"));
+}
+
+enum class Ends { kClosed, kOpenBelow, kOpenAbove };
+
+// A finite `value` in [lo, hi] (open at one end by `ends`), or 0 when `zero`
+// (what 0 means) is given. hi = kMaxFloat: no upper bound but finiteness.
+absl::Status CheckReal(absl::string_view name, double value, double lo,
+                       double hi, Ends ends = Ends::kClosed,
+                       const char* zero = nullptr) {
+  const bool above_lo = ends == Ends::kOpenBelow ? value > lo : value >= lo;
+  const bool below_hi = ends == Ends::kOpenAbove ? value < hi : value <= hi;
+  // NaN fails both comparisons; infinities fail one.
+  if ((above_lo && below_hi) || (zero != nullptr && value == 0)) {
+    return absl::OkStatus();
+  }
+  std::string range;
+  if (hi == kMaxFloat) {
+    range = absl::StrCat("a finite number ",
+                         ends == Ends::kOpenBelow ? "> " : ">= ", lo);
+  } else {
+    range = absl::StrCat("a finite number in ",
+                         ends == Ends::kOpenBelow ? "(" : "[", lo, ", ", hi,
+                         ends == Ends::kOpenAbove ? ")" : "]");
+  }
+  return BadFlag(
+      name, absl::StrCat(value),
+      absl::StrCat(zero != nullptr ? absl::StrCat("0 (", zero, ") or ") : "",
+                   range));
+}
+
+absl::Status CheckChoice(absl::string_view name, const std::string& value,
+                         std::initializer_list<const char*> choices) {
+  for (const char* choice : choices) {
+    if (value == choice) return absl::OkStatus();
+  }
+  return BadFlag(name, absl::StrCat("'", value, "'"),
+                 absl::StrCat("one of ", absl::StrJoin(choices, ", ")));
+}
+
+// The checks that need no device: run before anything else.
+absl::Status CheckFlags() {
+  using absl::GetFlag;
+  if (GetFlag(FLAGS_tokenizer).empty()) {
+    return BadFlag("tokenizer", "''",
+                   "bpe, byte or the path of a saved tokenizer file");
+  }
+  RETURN_IF_ERROR(CheckInt("vocab", GetFlag(FLAGS_vocab), 256,
+                           data::kMaxBpeVocabSize, "the device default"));
+  RETURN_IF_ERROR(
+      CheckInt("layers", GetFlag(FLAGS_layers), 1, 1024, "the device default"));
+  RETURN_IF_ERROR(
+      CheckInt("heads", GetFlag(FLAGS_heads), 1, 1024, "the device default"));
+  RETURN_IF_ERROR(CheckInt("width", GetFlag(FLAGS_width), 1, 1 << 16,
+                           "the device default"));
+  RETURN_IF_ERROR(CheckInt("context", GetFlag(FLAGS_context), 1, 1 << 20,
+                           "the device default"));
+  RETURN_IF_ERROR(
+      CheckChoice("norm", GetFlag(FLAGS_norm), {"layernorm", "rmsnorm"}));
+  RETURN_IF_ERROR(CheckChoice("mlp", GetFlag(FLAGS_mlp), {"gelu", "swiglu"}));
+  RETURN_IF_ERROR(
+      CheckChoice("head", GetFlag(FLAGS_head), {"fused", "unfused"}));
+  RETURN_IF_ERROR(CheckInt("batch", GetFlag(FLAGS_batch), 1, 1 << 16,
+                           "the device default"));
+  RETURN_IF_ERROR(
+      CheckInt("micro_batches", GetFlag(FLAGS_micro_batches), 1, 1 << 16));
+  RETURN_IF_ERROR(CheckInt("steps", GetFlag(FLAGS_steps), 1, kMaxInt32,
+                           "the device default"));
+  RETURN_IF_ERROR(CheckReal("lr", GetFlag(FLAGS_lr), 0, 1, Ends::kOpenBelow,
+                            "the device default"));
+  RETURN_IF_ERROR(CheckReal("min_lr_ratio", GetFlag(FLAGS_min_lr_ratio), 0, 1));
+  RETURN_IF_ERROR(
+      CheckReal("weight_decay", GetFlag(FLAGS_weight_decay), 0, kMaxFloat));
+  RETURN_IF_ERROR(CheckReal("grad_clip", GetFlag(FLAGS_grad_clip), 0, kMaxFloat,
+                            Ends::kOpenBelow, "off"));
+  const std::string device = GetFlag(FLAGS_device);
+  absl::string_view ordinal = device;
+  int n = 0;
+  if (!(device == "auto" || device == "cpu" || device == "cuda" ||
+        (absl::ConsumePrefix(&ordinal, "cuda:") && !ordinal.empty() &&
+         std::all_of(ordinal.begin(), ordinal.end(), absl::ascii_isdigit) &&
+         absl::SimpleAtoi(ordinal, &n)))) {
+    return BadFlag("device", absl::StrCat("'", device, "'"),
+                   "auto, cpu, cuda or cuda:N (N >= 0)");
+  }
+  RETURN_IF_ERROR(
+      CheckChoice("dtype", GetFlag(FLAGS_dtype), {"auto", "f32", "bf16"}));
+  RETURN_IF_ERROR(CheckReal("val_fraction", GetFlag(FLAGS_val_fraction), 0, 1,
+                            Ends::kOpenAbove));
+  RETURN_IF_ERROR(CheckInt("eval_interval", GetFlag(FLAGS_eval_interval), 1,
+                           kMaxInt32, "10 evaluations a run"));
+  RETURN_IF_ERROR(
+      CheckInt("eval_batches", GetFlag(FLAGS_eval_batches), 1, kMaxInt32));
+  RETURN_IF_ERROR(CheckInt("log_interval", GetFlag(FLAGS_log_interval), 1,
+                           kMaxInt32, "auto"));
+  RETURN_IF_ERROR(CheckInt("checkpoint_interval",
+                           GetFlag(FLAGS_checkpoint_interval), 1, kMaxInt32,
+                           "only at the end"));
+  RETURN_IF_ERROR(CheckInt("keep_checkpoints", GetFlag(FLAGS_keep_checkpoints),
+                           1, kMaxInt32, "keep all"));
+  if (GetFlag(FLAGS_resume) && GetFlag(FLAGS_checkpoint_dir).empty()) {
+    return InvalidArgument("--resume needs --checkpoint_dir");
+  }
+  RETURN_IF_ERROR(
+      CheckInt("sample_length", GetFlag(FLAGS_sample_length), 0, kMaxInt32));
+  RETURN_IF_ERROR(CheckInt("sample_interval", GetFlag(FLAGS_sample_interval), 1,
+                           kMaxInt32, "at the end only"));
+  RETURN_IF_ERROR(CheckReal("temperature", GetFlag(FLAGS_temperature), 0,
+                            kMaxFloat, Ends::kOpenBelow, "greedy"));
+  RETURN_IF_ERROR(
+      CheckInt("top_k", GetFlag(FLAGS_top_k), 1, kMaxInt32, "all tokens"));
+  return absl::OkStatus();
+}
+
+// The checks that need the number of steps (which may be the device's).
+absl::Status CheckStepFlags(int steps) {
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (warmup != -1 && !(warmup >= 0 && warmup <= steps)) {
+    return BadFlag("warmup", absl::StrCat(warmup),
+                   absl::StrCat("-1 (5% of the steps) or an integer in [0, "
+                                "--steps = ",
+                                steps, "]"));
+  }
+  const int stop = absl::GetFlag(FLAGS_stop_at_step);
+  if (stop != 0 && !(stop >= 1 && stop <= steps)) {
+    return BadFlag("stop_at_step", absl::StrCat(stop),
+                   absl::StrCat("0 (run all --steps) or an integer in [1, "
+                                "--steps = ",
+                                steps, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Tokens per optimizer step must fit an int32 (the batchers' limit).
+absl::Status CheckTokensPerStep(int64_t batch, int64_t context, int64_t micro) {
+  // No overflow: batch and micro are at most 2^16, context below 2^31.
+  const int64_t tokens = batch * context * micro;
+  if (tokens <= kMaxInt32) return absl::OkStatus();
+  return InvalidArgument(
+      "--batch=", batch, " x --context=", context, " x --micro_batches=", micro,
+      " = ", tokens, " tokens per step is invalid: want at most ", kMaxInt32);
+}
+
+// The default corpus (see --data): a data/fortunes next to the binary or in
+// a folder above it, else Debian's. `how` says which it is.
+absl::StatusOr<std::string> FindDefaultCorpus(std::string* how) {
+  std::error_code error;
+  // The binary itself, not a symlink to it: where tools/stage_gpu.sh put it.
+  const fs::path binary = fs::read_symlink("/proc/self/exe", error);
+  const bool know_binary = !error && binary.has_parent_path();
+  if (know_binary) {
+    for (fs::path dir = binary.parent_path();; dir = dir.parent_path()) {
+      const fs::path candidate = dir / "data" / "fortunes";
+      if (fs::exists(candidate, error)) {
+        *how = "the default corpus, staged with the binary";
+        return candidate.string();
+      }
+      if (!dir.has_relative_path()) break;  // the root
+    }
+  }
+  if (fs::exists(data::kDefaultCorpus, error)) {
+    *how = "the default corpus, Debian's fortunes";
+    return std::string(data::kDefaultCorpus);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no default corpus: neither a data/fortunes folder in ",
+                   know_binary ? binary.parent_path().string()
+                               : std::string("the binary's folder"),
+                   " or a folder above it (tools/stage_gpu.sh stages one) nor ",
+                   data::kDefaultCorpus,
+                   " (Debian's fortunes-min or fortunes package) exists; pass "
+                   "--data=PATH"));
+}
+
+std::string HumanSeconds(double seconds) {
+  return seconds < 60 ? absl::StrFormat("%.2fs", seconds)
+                      : HumanDuration(seconds);
+}
+
 absl::Status Run() {
+  RETURN_IF_ERROR(CheckFlags());
   ASSIGN_OR_RETURN(const Device device,
                    ChooseDevice(absl::GetFlag(FLAGS_device)));
   const RunDefaults defaults = DefaultsFor(device);
+  const int steps = Pick(absl::GetFlag(FLAGS_steps), defaults.steps);
+  RETURN_IF_ERROR(CheckStepFlags(steps));
+  if (!absl::GetFlag(FLAGS_resume)) {  // else the model is the checkpoint's
+    const int heads = Pick(absl::GetFlag(FLAGS_heads), defaults.heads);
+    const int width = Pick(absl::GetFlag(FLAGS_width), defaults.width);
+    if (width % heads != 0) {
+      return BadFlag("heads", absl::StrCat(heads),
+                     absl::StrCat("a divisor of --width = ", width));
+    }
+    RETURN_IF_ERROR(
+        CheckTokensPerStep(Pick(absl::GetFlag(FLAGS_batch), defaults.batch),
+                           Pick(absl::GetFlag(FLAGS_context), defaults.context),
+                           absl::GetFlag(FLAGS_micro_batches)));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
 
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   std::string resume_folder;
   if (absl::GetFlag(FLAGS_resume)) {
-    if (checkpoint_dir.empty()) {
-      return InvalidArgument("--resume needs --checkpoint_dir");
-    }
     ASSIGN_OR_RETURN(resume_folder, graph::LatestCheckpoint(checkpoint_dir));
   }
 
   // ---- Data and tokenizer ----
-  const std::string data_path = absl::GetFlag(FLAGS_data);
+  std::string data_path = absl::GetFlag(FLAGS_data);
+  std::string data_note;
+  if (data_path.empty()) {
+    std::string how;
+    ASSIGN_OR_RETURN(data_path, FindDefaultCorpus(&how));
+    data_note = absl::StrCat(" (", how, ")");
+  }
   std::vector<int32_t> tokens;
   std::unique_ptr<data::Tokenizer> tokenizer;
   int vocab = 0;
@@ -217,8 +474,8 @@ absl::Status Run() {
                 tokens.size());
   } else {
     ASSIGN_OR_RETURN(const std::string text, data::ReadTextCorpus(data_path));
-    std::printf("data: %s, %s of text\n", data_path.c_str(),
-                HumanBytes(text.size()).c_str());
+    std::printf("data: %s%s, %s of text\n", data_path.c_str(),
+                data_note.c_str(), HumanBytes(text.size()).c_str());
     ASSIGN_OR_RETURN(
         tokenizer,
         MakeTokenizer(text, Pick(absl::GetFlag(FLAGS_vocab), defaults.vocab),
@@ -245,6 +502,7 @@ absl::Status Run() {
     // A multiple of 64 keeps the head's GEMMs on fast paths; the extra rows
     // are never targets.
     config.vocab = (vocab + 63) / 64 * 64;
+    // CheckFlags allows only these choices.
     config.norm = absl::GetFlag(FLAGS_norm) == "rmsnorm"
                       ? graph::NormKind::kRmsNorm
                       : graph::NormKind::kLayerNorm;
@@ -258,18 +516,13 @@ absl::Status Run() {
   }
   const int seq = static_cast<int>(config.context);
   const int batch = Pick(absl::GetFlag(FLAGS_batch), defaults.batch);
-  const int micro = std::max(1, absl::GetFlag(FLAGS_micro_batches));
-  const int steps = Pick(absl::GetFlag(FLAGS_steps), defaults.steps);
+  const int micro = absl::GetFlag(FLAGS_micro_batches);
+  RETURN_IF_ERROR(CheckTokensPerStep(batch, seq, micro));
+  const int64_t tokens_per_step = int64_t{batch} * seq * micro;
   std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
   if (dtype_flag == "auto") dtype_flag = device.is_cuda() ? "bf16" : "f32";
-  if (dtype_flag != "f32" && dtype_flag != "bf16") {
-    return InvalidArgument("--dtype must be auto, f32 or bf16");
-  }
   const DType dtype = dtype_flag == "bf16" ? DType::kBF16 : DType::kF32;
   const std::string head_flag = absl::GetFlag(FLAGS_head);
-  if (head_flag != "fused" && head_flag != "unfused") {
-    return InvalidArgument("--head must be fused or unfused");
-  }
   LinearCrossEntropyOptions head_options;
   // The data is checked on the host (Graph::SetInput): no read-back per step.
   head_options.cross_entropy.validate_targets = false;
@@ -343,6 +596,18 @@ absl::Status Run() {
       fs::create_directories(checkpoint_dir, error);
     }
   }
+  // Steps first_step to last_step run here (--stop_at_step may end early).
+  const int64_t first_step = trainer->step() + 1;
+  const int64_t last_step = absl::GetFlag(FLAGS_stop_at_step) > 0
+                                ? absl::GetFlag(FLAGS_stop_at_step)
+                                : steps;
+  if (last_step < first_step) {
+    const bool stop = absl::GetFlag(FLAGS_stop_at_step) > 0;
+    return BadFlag(
+        stop ? "stop_at_step" : "steps", absl::StrCat(last_step),
+        absl::StrCat("a step after the checkpoint's (", resume_folder,
+                     " is at step ", trainer->step(), ")"));
+  }
 
   // The sampling model: one sequence, f32 logits, the same device.
   std::unique_ptr<Gpt> sampler;
@@ -376,8 +641,15 @@ absl::Status Run() {
     return absl::OkStatus();
   };
 
-  auto evaluate = [&]() -> absl::StatusOr<std::optional<float>> {
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  // The validation loss (none without a validation split); its time is added
+  // to `seconds`.
+  auto evaluate = [&](double* seconds) -> absl::StatusOr<std::optional<float>> {
     if (!val_batches) return std::optional<float>();
+    const auto start = Clock::now();
     std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
     double sum = 0;
     for (int64_t k = 0; k < val_batches->num_batches(); ++k) {
@@ -386,10 +658,12 @@ absl::Status Run() {
       ASSIGN_OR_RETURN(float loss, trainer->Evaluate(inputs, targets));
       sum += loss;
     }
+    *seconds += seconds_since(start);
     return std::optional<float>(
         static_cast<float>(sum / val_batches->num_batches()));
   };
 
+  const int keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   auto save = [&]() -> absl::Status {
     if (checkpoint_dir.empty()) return absl::OkStatus();
     ASSIGN_OR_RETURN(
@@ -401,7 +675,16 @@ absl::Status Run() {
       RETURN_IF_ERROR(
           tokenizer->Save((fs::path(folder) / kTokenizerFile).string()));
     }
-    std::printf("checkpoint: %s\n", folder.c_str());
+    ASSIGN_OR_RETURN(std::vector<std::string> removed,
+                     graph::PruneCheckpoints(checkpoint_dir, keep_checkpoints));
+    std::string note;
+    if (!removed.empty()) {
+      for (std::string& path : removed) {
+        path = fs::path(path).filename().string();
+      }
+      note = absl::StrCat(" (removed ", absl::StrJoin(removed, ", "), ")");
+    }
+    std::printf("checkpoint: %s%s\n", folder.c_str(), note.c_str());
     return absl::OkStatus();
   };
 
@@ -422,28 +705,41 @@ absl::Status Run() {
       Pick(absl::GetFlag(FLAGS_log_interval), std::max(1, steps / 30));
   const int checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
   const int sample_interval = absl::GetFlag(FLAGS_sample_interval);
-  const int64_t tokens_per_step = int64_t{batch} * seq * micro;
   std::printf(
       "training: %d steps of %d x %d x %d tokens, lr %.2g (warm-up "
-      "%d, cosine to %.2g)\n",
+      "%d, cosine to %.2g)%s\n",
       steps, micro, batch, seq, lr,
-      static_cast<int>(options.schedule.warmup_steps), options.schedule.min_lr);
+      static_cast<int>(options.schedule.warmup_steps), options.schedule.min_lr,
+      last_step < steps
+          ? absl::StrFormat("; stopping after step %d", last_step).c_str()
+          : "");
   std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
+  // Training time (batches, forward, backward, update) apart from the time of
+  // validations, checkpoints and samples: tokens/s counts training only.
+  double train_s = 0, eval_s = 0;
+  const auto run_start = Clock::now();
   std::optional<float> first_val, last_val;
   if (!resuming) {
-    ASSIGN_OR_RETURN(first_val, evaluate());
-    if (first_val) std::printf("step 0: val loss %.4f\n", *first_val);
+    double seconds = 0;
+    ASSIGN_OR_RETURN(first_val, evaluate(&seconds));
+    eval_s += seconds;
+    if (first_val) {
+      std::printf("step 0: val loss %.4f (eval %s)\n", *first_val,
+                  HumanSeconds(seconds).c_str());
+      if (metrics.is_open()) {
+        MetricsLine line;
+        line.val_loss = *first_val;
+        line.eval_s = seconds;
+        RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
+      }
+    }
   }
-  const auto run_start = std::chrono::steady_clock::now();
-  auto interval_start = run_start;
+  const auto loop_start = Clock::now();
+  double interval_train_s = 0;
   int64_t interval_tokens = 0;
   float last_loss = 0;
-  const int64_t first_step = trainer->step() + 1;
-  const int64_t last_step =
-      absl::GetFlag(FLAGS_stop_at_step) > 0
-          ? std::min<int64_t>(steps, absl::GetFlag(FLAGS_stop_at_step))
-          : steps;
   for (int64_t step = first_step; step <= last_step; ++step) {
+    const auto step_start = Clock::now();
     for (int k = 0; k < micro; ++k) {
       const int64_t offset = int64_t{k} * batch * seq;
       RETURN_IF_ERROR(train_batches.Next(
@@ -451,6 +747,10 @@ absl::Status Run() {
           absl::MakeSpan(targets).subspan(offset, int64_t{batch} * seq)));
     }
     ASSIGN_OR_RETURN(Trainer::StepStats stats, trainer->Step(inputs, targets));
+    // Step waits for the device (it reads the loss back): this is its time.
+    const double step_s = seconds_since(step_start);
+    train_s += step_s;
+    interval_train_s += step_s;
     last_loss = stats.loss;
     interval_tokens += tokens_per_step;
     if (!std::isfinite(stats.loss)) {
@@ -459,35 +759,40 @@ absl::Status Run() {
                                               "); try a lower --lr"));
     }
     std::optional<float> val;
+    double val_s = 0;
     if (step % eval_interval == 0 || step == last_step) {
-      ASSIGN_OR_RETURN(val, evaluate());
+      ASSIGN_OR_RETURN(val, evaluate(&val_s));
+      eval_s += val_s;
       if (val) last_val = val;
     }
-    const bool log = step % log_interval == 0 || step == last_step || val;
-    if (log || metrics.is_open()) {
-      const auto now = std::chrono::steady_clock::now();
-      const double interval_s =
-          std::chrono::duration<double>(now - interval_start).count();
-      const double tokens_per_s = interval_tokens / std::max(interval_s, 1e-9);
-      const double elapsed =
-          std::chrono::duration<double>(now - run_start).count();
-      const double eta = elapsed / (step - first_step + 1) * (steps - step);
-      if (metrics.is_open() && (log || val)) {
-        RETURN_IF_ERROR(
-            WriteMetricsLine(metrics, step, stats.loss, val, tokens_per_s));
+    if (step % log_interval == 0 || step == last_step || val) {
+      const double tokens_per_s =
+          interval_tokens / std::max(interval_train_s, 1e-9);
+      const double elapsed = seconds_since(loop_start);
+      const double eta = elapsed / (step - first_step + 1) * (last_step - step);
+      if (metrics.is_open()) {
+        MetricsLine line;
+        line.step = step;
+        line.loss = stats.loss;
+        line.val_loss = val;
+        line.tokens_per_s = tokens_per_s;
+        line.train_s = interval_train_s;
+        if (val) line.eval_s = val_s;
+        RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
       }
-      if (log) {
-        std::printf(
-            "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
-            "%.1fK tok/s | ETA %s | mem %s\n",
-            static_cast<int>(step), steps, stats.loss,
-            val ? absl::StrFormat("%.4f", *val).c_str() : "   -  ", stats.lr,
-            stats.grad_norm, tokens_per_s / 1e3, HumanDuration(eta).c_str(),
-            HumanBytes(context->allocator().peak_bytes()).c_str());
-        std::fflush(stdout);
-        interval_start = now;
-        interval_tokens = 0;
-      }
+      std::printf(
+          "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
+          "%.1fK tok/s | ETA %s | mem %s\n",
+          static_cast<int>(step), steps, stats.loss,
+          val ? absl::StrFormat("%.4f (eval %s)", *val, HumanSeconds(val_s))
+                    .c_str()
+              : "   -  ",
+          stats.lr, stats.grad_norm, tokens_per_s / 1e3,
+          HumanDuration(eta).c_str(),
+          HumanBytes(context->allocator().peak_bytes()).c_str());
+      std::fflush(stdout);
+      interval_train_s = 0;
+      interval_tokens = 0;
     }
     if (checkpoint_interval > 0 && step % checkpoint_interval == 0 &&
         step != last_step) {
@@ -498,21 +803,23 @@ absl::Status Run() {
       RETURN_IF_ERROR(sample(step));
     }
   }
-  const double total_s = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - run_start)
-                             .count();
+  const double total_s = seconds_since(run_start);
   RETURN_IF_ERROR(save());
-  RETURN_IF_ERROR(sample(steps));
-  std::printf(
-      "done: %d steps in %s (%.1fK tokens/s), final train loss %.4f, val loss "
-      "%s%s, peak memory %s\n",
-      steps - static_cast<int>(first_step) + 1, HumanDuration(total_s).c_str(),
-      (steps - first_step + 1) * tokens_per_step / std::max(total_s, 1e-9) /
-          1e3,
-      last_loss, last_val ? absl::StrFormat("%.4f", *last_val).c_str() : "-",
-      first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val).c_str()
-                : "",
-      HumanBytes(context->allocator().peak_bytes()).c_str());
+  RETURN_IF_ERROR(sample(last_step));
+  const int64_t steps_run = last_step - first_step + 1;
+  const int64_t tokens_run = steps_run * tokens_per_step;
+  absl::PrintF(
+      "done: %d steps%s, %d tokens in %s (training %s, %.1fK tokens/s; "
+      "evaluation %s), final train loss %.4f, val loss %s%s, peak memory %s\n",
+      steps_run,
+      first_step == 1 && last_step == steps
+          ? ""
+          : absl::StrFormat(" (%d-%d of %d)", first_step, last_step, steps),
+      tokens_run, HumanSeconds(total_s), HumanSeconds(train_s),
+      tokens_run / std::max(train_s, 1e-9) / 1e3, HumanSeconds(eval_s),
+      last_loss, last_val ? absl::StrFormat("%.4f", *last_val) : "-",
+      first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val) : "",
+      HumanBytes(context->allocator().peak_bytes()));
   return absl::OkStatus();
 }
 

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # End-to-end test of examples/train_lm on the CPU: a tiny model on a small generated corpus
-# (byte-level BPE trained by the program) must bring the validation loss down; a run stopped
-# at step 6 and resumed from its checkpoint must log exactly the losses of an uninterrupted
-# run; the metrics file must be JSON lines with step, loss, val_loss and tokens_per_s; bad
-# input must fail with a clear message.
+# (byte-level BPE trained by the program) must bring the validation loss down; the metrics
+# file must be JSON lines with step, loss, val_loss, tokens_per_s, train_s and eval_s, the
+# step-0 validation included, and examples/plot_loss.py must draw it with labelled axes; a
+# run stopped at step 6 must say so, and resumed from its checkpoint must log exactly the
+# losses of an uninterrupted run; only the newest --keep_checkpoints checkpoints may stay,
+# with the temporary folders of interrupted saves gone and nothing else touched; every bad
+# flag value must fail with an error naming the flag; without --data, a data/fortunes
+# folder above the binary is the corpus, and with none there nor Debian's, a clear error.
 set -euo pipefail
 
 TRAIN_LM=$1
+# examples/plot_loss.py, when given: it needs //tools:svg_chart.py in the runfiles, which
+# tools/BUILD.bazel does not export yet.
+PLOT_LOSS=${2:-}
 WORK=${TEST_TMPDIR:-$(mktemp -d)}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -23,37 +30,92 @@ with open(sys.argv[1], "w") as out:
         out.write(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.\n")
 PY
 
-COMMON=(--data="${CORPUS}" --device=cpu --vocab=320 --layers=2 --heads=2 --width=32
-        --context=32 --batch=8 --steps=12 --lr=3e-3 --warmup=2 --eval_interval=4
-        --eval_batches=2 --log_interval=4 --sample_length=20 --seed=5)
+MODEL=(--device=cpu --vocab=320 --layers=2 --heads=2 --width=32 --context=32 --batch=8
+       --steps=12 --lr=3e-3 --warmup=2 --eval_interval=4 --eval_batches=2 --log_interval=4
+       --sample_length=20 --seed=5)
+COMMON=(--data="${CORPUS}" "${MODEL[@]}")
+TOKENS_PER_STEP=$((8 * 32))
 
-# 1. Uninterrupted run: the validation loss falls.
+# 1. Uninterrupted run: the validation loss falls; the metrics hold the step-0 validation
+#    and training-only tokens/s; the plot has axis labels.
 "${TRAIN_LM}" "${COMMON[@]}" --metrics="${WORK}/straight.jsonl" > "${WORK}/straight.log" 2>&1 ||
   { cat "${WORK}/straight.log"; fail "train_lm exited non-zero"; }
-grep -q "^done: 12 steps" "${WORK}/straight.log" || { cat "${WORK}/straight.log"; fail "no summary"; }
+grep -q "^done: 12 steps, $((12 * TOKENS_PER_STEP)) tokens in " "${WORK}/straight.log" ||
+  { cat "${WORK}/straight.log"; fail "no summary of 12 steps"; }
 grep -q -- "---- sample at step 12" "${WORK}/straight.log" || fail "no sample printed"
-python3 - "${WORK}/straight.jsonl" "${WORK}/straight.log" <<'PY' || fail "loss did not fall"
+python3 - "${WORK}/straight.jsonl" "${WORK}/straight.log" "${TOKENS_PER_STEP}" <<'PY' ||
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+log = open(sys.argv[2]).read()
+tokens_per_step = int(sys.argv[3])
 for r in rows:
-    assert set(r) == {"step", "loss", "val_loss", "tokens_per_s"}, r
-vals = [r["val_loss"] for r in rows if r["val_loss"] is not None]
-start = float(re.search(r"step 0: val loss ([0-9.]+)", open(sys.argv[2]).read()).group(1))
+    assert set(r) == {"step", "loss", "val_loss", "tokens_per_s", "train_s", "eval_s"}, r
+# The step-0 validation is the first line, as printed.
+start = float(re.search(r"step 0: val loss ([0-9.]+)", log).group(1))
+first = rows[0]
+assert first["step"] == 0 and first["loss"] is None and first["tokens_per_s"] is None, first
+assert first["train_s"] is None and first["eval_s"] > 0, first
+assert abs(first["val_loss"] - start) < 1e-4, (first, start)
+# One line per progress line: steps 4, 8, 12, each with a validation.
+assert [r["step"] for r in rows] == [0, 4, 8, 12], [r["step"] for r in rows]
+previous = 0
+for r in rows[1:]:
+    assert r["val_loss"] is not None and r["eval_s"] > 0, r
+    # tokens/s counts the interval's training time only.
+    tokens = (r["step"] - previous) * tokens_per_step
+    assert r["train_s"] > 0, r
+    assert abs(r["tokens_per_s"] * r["train_s"] - tokens) <= 0.01 * tokens + 0.1, (r, tokens)
+    previous = r["step"]
+vals = [r["val_loss"] for r in rows]
 print("val loss", start, "->", vals[-1])
 assert vals[-1] < start - 0.5, (start, vals)
 PY
+  fail "bad metrics"
+if [[ -n "${PLOT_LOSS}" ]]; then
+  python3 "${PLOT_LOSS}" "${WORK}/straight.jsonl" "${WORK}/loss.svg" || fail "plot_loss.py failed"
+  grep -q 'rotate(-90.*>cross-entropy loss' "${WORK}/loss.svg" || fail "the plot has no y-axis label"
+  grep -q '>optimizer step</text>' "${WORK}/loss.svg" || fail "the plot has no x-axis label"
+  # The step-0 validation is a point of the curve: its first polyline point is at x = 0.
+  python3 - "${WORK}/loss.svg" <<'PY' || fail "the plot does not start at step 0"
+import re, sys
+svg = open(sys.argv[1]).read()
+x0 = float(re.search(r'<line x1="([0-9.]+)" y1="[0-9.]+" x2="[0-9.]+" y2="[0-9.]+" stroke="#ddd"/>\s*<text[^>]*>0</text>', svg).group(1))
+firsts = [float(p.split(",")[0]) for p in re.findall(r'<polyline points="([0-9.]+,[0-9.]+)', svg)]
+assert x0 in firsts, (x0, firsts)
+PY
+fi
 
-# 2. Stopped at step 6 with a checkpoint, then resumed: the same losses for steps 7-12.
-"${TRAIN_LM}" "${COMMON[@]}" --stop_at_step=6 --checkpoint_dir="${WORK}/ckpt" \
-  --metrics="${WORK}/resumed.jsonl" > "${WORK}/first.log" 2>&1 ||
+# 2. Stopped at step 6 with checkpoints every 2 steps, 2 kept, in a folder holding other
+#    files and what an interrupted save left; then resumed: the same losses for steps 7-12.
+CKPT=${WORK}/ckpt
+mkdir -p "${CKPT}/step-00000001.tmp" "${CKPT}/step-old" "${CKPT}/step-00000003.bak"
+echo "not ours" > "${CKPT}/README"
+echo "not ours" > "${CKPT}/step-old/keep"
+echo "half" > "${CKPT}/step-00000001.tmp/model.safetensors"
+"${TRAIN_LM}" "${COMMON[@]}" --stop_at_step=6 --checkpoint_dir="${CKPT}" --checkpoint_interval=2 \
+  --keep_checkpoints=2 --metrics="${WORK}/resumed.jsonl" > "${WORK}/first.log" 2>&1 ||
   { cat "${WORK}/first.log"; fail "first half failed"; }
-[[ -f "${WORK}/ckpt/latest" ]] || fail "no checkpoint written"
-[[ -f "${WORK}/ckpt/step-00000006/model.safetensors" ]] || fail "no model.safetensors"
-[[ -f "${WORK}/ckpt/step-00000006/tokenizer.txt" ]] || fail "no tokenizer saved"
-"${TRAIN_LM}" "${COMMON[@]}" --resume --checkpoint_dir="${WORK}/ckpt" \
+grep -q "^done: 6 steps (1-6 of 12), $((6 * TOKENS_PER_STEP)) tokens in " "${WORK}/first.log" ||
+  { cat "${WORK}/first.log"; fail "the stopped run does not report 6 steps"; }
+grep -q -- "---- sample at step 6 " "${WORK}/first.log" || fail "no sample at step 6"
+! grep -q "sample at step 12" "${WORK}/first.log" || fail "the stopped run claims step 12"
+[[ -f "${CKPT}/step-00000006/model.safetensors" ]] || fail "no model.safetensors"
+[[ -f "${CKPT}/step-00000006/tokenizer.txt" ]] || fail "no tokenizer saved"
+listing() { (cd "$1" && ls -A | sort | tr '\n' ' '); }
+want="README latest step-00000003.bak step-00000004 step-00000006 step-old "
+[[ "$(listing "${CKPT}")" == "${want}" ]] ||
+  fail "after --keep_checkpoints=2: '$(listing "${CKPT}")', want '${want}'"
+[[ -f "${CKPT}/step-old/keep" ]] || fail "a folder that is not ours lost its file"
+"${TRAIN_LM}" "${COMMON[@]}" --resume --checkpoint_dir="${CKPT}" \
   --metrics="${WORK}/resumed.jsonl" > "${WORK}/second.log" 2>&1 ||
   { cat "${WORK}/second.log"; fail "resumed half failed"; }
 grep -q "resumed from" "${WORK}/second.log" || fail "did not resume"
+grep -q "^done: 6 steps (7-12 of 12), $((6 * TOKENS_PER_STEP)) tokens in " "${WORK}/second.log" ||
+  { cat "${WORK}/second.log"; fail "the resumed run does not report steps 7-12"; }
+# The default keeps 3.
+want="README latest step-00000003.bak step-00000004 step-00000006 step-00000012 step-old "
+[[ "$(listing "${CKPT}")" == "${want}" ]] ||
+  fail "after the default --keep_checkpoints: '$(listing "${CKPT}")', want '${want}'"
 python3 - "${WORK}/straight.jsonl" "${WORK}/resumed.jsonl" <<'PY' || fail "resume is not exact"
 import json, sys
 a = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
@@ -61,18 +123,96 @@ b = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
 assert set(a) <= set(b), (sorted(a), sorted(b))
 for step, row in a.items():
     assert row["loss"] == b[step]["loss"], (step, row, b[step])
-    if row["val_loss"] is not None:
-        assert row["val_loss"] == b[step]["val_loss"], (step, row, b[step])
+    assert row["val_loss"] == b[step]["val_loss"], (step, row, b[step])
 print("resumed losses equal the uninterrupted run's at steps", sorted(a))
 PY
+# Nothing left to train from the checkpoint at step 12.
+for bad in --steps=12 --stop_at_step=6; do
+  if "${TRAIN_LM}" "${COMMON[@]}" --resume --checkpoint_dir="${CKPT}" "${bad}" > "${WORK}/bad.log" 2>&1; then
+    fail "resuming at step 12 with ${bad} was accepted"
+  fi
+  grep -qF -- "INVALID_ARGUMENT: ${bad} is invalid" "${WORK}/bad.log" || { cat "${WORK}/bad.log"; fail "unclear error for ${bad}"; }
+done
 
-# 3. Bad input: a clear error, no crash.
+# 3. Bad input: a clear error naming the flag and its value, exit status 1 (no crash), and
+#    nothing written. Each case: the flags as given, then what the message must hold.
 if "${TRAIN_LM}" --data="${WORK}/missing" --device=cpu > "${WORK}/bad.log" 2>&1; then
   fail "a missing corpus was accepted"
 fi
 grep -q "train_lm: NOT_FOUND" "${WORK}/bad.log" || { cat "${WORK}/bad.log"; fail "unclear error"; }
-if "${TRAIN_LM}" "${COMMON[@]}" --heads=3 > "${WORK}/bad2.log" 2>&1; then
-  fail "3 heads for width 32 were accepted"
+BAD_FLAGS=(
+  "--lr=-1|--lr=-1 is invalid: want 0 (the device default) or a finite number in (0, 1]"
+  "--lr=nan|--lr=nan is invalid" "--lr=inf|--lr=inf is invalid" "--lr=2|--lr=2 is invalid"
+  "--steps=-5|--steps=-5 is invalid: want 0 (the device default) or an integer in [1, "
+  "--norm=bogus|--norm='bogus' is invalid: want one of layernorm, rmsnorm"
+  "--mlp=swigl|--mlp='swigl' is invalid: want one of gelu, swiglu"
+  "--head=fast|--head='fast' is invalid" "--dtype=f16|--dtype='f16' is invalid"
+  "--device=gpu|--device='gpu' is invalid" "--device=cuda:-1|--device='cuda:-1' is invalid"
+  "--tokenizer=|--tokenizer='' is invalid" "--vocab=100|--vocab=100 is invalid"
+  "--layers=-2|--layers=-2 is invalid" "--heads=-1|--heads=-1 is invalid"
+  "--heads=3|--heads=3 is invalid: want a divisor of --width = 32"
+  "--width=-32|--width=-32 is invalid" "--context=-1|--context=-1 is invalid"
+  "--context=2000000|--context=2000000 is invalid" "--batch=-8|--batch=-8 is invalid"
+  "--micro_batches=0|--micro_batches=0 is invalid: want an integer in [1, 65536]"
+  "--min_lr_ratio=1.5|--min_lr_ratio=1.5 is invalid" "--min_lr_ratio=nan|--min_lr_ratio=nan is invalid"
+  "--warmup=13|--warmup=13 is invalid: want -1 (5% of the steps) or an integer in [0, --steps = 12]"
+  "--warmup=-2|--warmup=-2 is invalid" "--weight_decay=-0.1|--weight_decay=-0.1 is invalid"
+  "--weight_decay=inf|--weight_decay=inf is invalid" "--grad_clip=-1|--grad_clip=-1 is invalid"
+  "--grad_clip=nan|--grad_clip=nan is invalid" "--val_fraction=1|--val_fraction=1 is invalid"
+  "--val_fraction=-0.1|--val_fraction=-0.1 is invalid"
+  "--eval_interval=-1|--eval_interval=-1 is invalid" "--eval_batches=0|--eval_batches=0 is invalid"
+  "--log_interval=-4|--log_interval=-4 is invalid"
+  "--checkpoint_interval=-1|--checkpoint_interval=-1 is invalid"
+  "--keep_checkpoints=-1|--keep_checkpoints=-1 is invalid: want 0 (keep all) or an integer in [1, "
+  "--stop_at_step=13|--stop_at_step=13 is invalid: want 0 (run all --steps) or an integer in [1, --steps = 12]"
+  "--stop_at_step=-1|--stop_at_step=-1 is invalid" "--sample_length=-1|--sample_length=-1 is invalid"
+  "--sample_interval=-1|--sample_interval=-1 is invalid"
+  "--temperature=-0.5|--temperature=-0.5 is invalid" "--temperature=nan|--temperature=nan is invalid"
+  "--top_k=-1|--top_k=-1 is invalid"
+  "--batch=65536 --micro_batches=65536|--batch=65536 x --context=32 x --micro_batches=65536 = 137438953472 tokens per step is invalid: want at most 2147483647"
+  "--resume|--resume needs --checkpoint_dir"
+)
+for case in "${BAD_FLAGS[@]}"; do
+  flag=${case%%|*}
+  message=${case#*|}
+  read -ra flags <<<"${flag}"
+  rc=0
+  "${TRAIN_LM}" "${COMMON[@]}" "${flags[@]}" --metrics="${WORK}/bad.jsonl" > "${WORK}/bad.log" 2>&1 || rc=$?
+  [[ ${rc} == 1 ]] || { cat "${WORK}/bad.log"; fail "${flag}: exit status ${rc}, want 1"; }
+  grep -qF -- "train_lm: INVALID_ARGUMENT: ${message}" "${WORK}/bad.log" ||
+    { cat "${WORK}/bad.log"; fail "${flag}: the error does not say '${message}'"; }
+  [[ ! -e "${WORK}/bad.jsonl" ]] || fail "${flag}: a metrics file was written"
+done
+echo "${#BAD_FLAGS[@]} bad flag values refused"
+
+# 4. No --data: the data/fortunes folder above a copy of the binary (as tools/stage_gpu.sh
+#    stages it) is the corpus, and the program says so.
+STAGE=${WORK}/stage
+mkdir -p "${STAGE}/examples" "${STAGE}/data/fortunes"
+cp "${TRAIN_LM}" "${STAGE}/examples/train_lm"
+head -n 1500 "${CORPUS}" > "${STAGE}/data/fortunes/sentences"
+"${STAGE}/examples/train_lm" "${MODEL[@]}" --steps=2 --sample_length=0 > "${WORK}/default.log" 2>&1 ||
+  { cat "${WORK}/default.log"; fail "the run on the staged default corpus failed"; }
+grep -qF "data: $(cd "${STAGE}" && pwd -P)/data/fortunes (the default corpus, staged with the binary)" \
+  "${WORK}/default.log" || { cat "${WORK}/default.log"; fail "the staged default corpus was not used"; }
+
+# 5. No corpus anywhere: a clear NOT_FOUND naming both places. Hiding Debian's corpus takes a
+#    private mount namespace; where user namespaces or mounts are not allowed, this part is
+#    skipped (and says so).
+rm -r "${STAGE}/data"
+rc=99
+: > "${WORK}/none.log"
+if command -v unshare > /dev/null; then
+  rc=0
+  unshare -rm bash -c 'mount -t tmpfs none /usr/share/games 2>/dev/null || exit 99; exec "$@"' \
+    _ "${STAGE}/examples/train_lm" "${MODEL[@]}" > "${WORK}/none.log" 2>&1 || rc=$?
 fi
-grep -q "INVALID_ARGUMENT" "${WORK}/bad2.log" || { cat "${WORK}/bad2.log"; fail "unclear error"; }
+if [[ ${rc} == 99 ]] || grep -q "^unshare: " "${WORK}/none.log"; then
+  echo "skipped the no-corpus case: cannot hide /usr/share/games here"
+else
+  [[ ${rc} == 1 ]] || { cat "${WORK}/none.log"; fail "no corpus: exit status ${rc}, want 1"; }
+  grep -qF "train_lm: NOT_FOUND: no default corpus: neither a data/fortunes folder in $(cd "${STAGE}" && pwd -P)/examples or a folder above it" \
+    "${WORK}/none.log" || { cat "${WORK}/none.log"; fail "unclear error without a corpus"; }
+  grep -qF "/usr/share/games/fortunes" "${WORK}/none.log" || fail "the error does not name Debian's corpus"
+fi
 echo "PASS"
