@@ -39,6 +39,7 @@
 #include "bench/bench_util.h"
 #include "bench/ceiling_kernels.h"
 #include "loss/cross_entropy_cuda.h"
+#include "loss/cross_entropy_tuning.h"
 #include "runtime/cuda_context.h"
 #include "runtime/cuda_status.h"
 #endif
@@ -233,15 +234,15 @@ absl::Status Sweep(Context& context, int64_t tokens,
                                                       l2_prefetch = 0;
   };
   // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
-  // pipelined backward, 3 warp per row (forward; fused as two streaming
-  // passes). warp/gN: N warps share a row; exact/fast: the forward's
-  // exponential sum; nopf/pf: the fused kernel's L2 prefetch off or on.
+  // pipelined backward (ce::KernelChoice). warp/gN: N warps share a forward
+  // row; exact/fast: the forward's exponential sum; nopf/pf: the fused
+  // kernel's L2 prefetch off or on.
   const std::vector<Variant> variants = {
       {"auto", 0, 0, 0, 0},
       {"cluster", 1, 0, 0, 0},
-      {"warp", 3, 0, 0, 1},
-      {"warp/g2", 3, 0, 0, 2},
-      {"warp/g4", 3, 0, 0, 4},
+      {"warp/g1", 0, 0, 0, 1},
+      {"warp/g2", 0, 0, 0, 2},
+      {"warp/g4", 0, 0, 0, 4},
       {"pipe/s3", 2, 3, 0, 0},
       {"auto/exact", 0, 0, 0, 0, 1},
       {"auto/fast", 0, 0, 0, 0, 2},
@@ -296,13 +297,14 @@ absl::Status Sweep(Context& context, int64_t tokens,
         return args;
       };
       for (const Variant& variant : variants) {
-        ce::RowArgs args = forward_args();
-        args.tune_stages = variant.stages;
-        args.tune_kernel = variant.kernel;
-        args.tune_blocks_per_sm = variant.blocks_per_sm;
-        args.tune_warps_per_row = variant.warps_per_row;
-        args.tune_fast_sum = variant.fast_sum;
-        args.tune_l2_prefetch = variant.l2_prefetch;
+        const ce::RowArgs args = forward_args();
+        ce::LaunchTuning tuning;
+        tuning.stages = variant.stages;
+        tuning.kernel = static_cast<ce::KernelChoice>(variant.kernel);
+        tuning.blocks_per_sm = variant.blocks_per_sm;
+        tuning.warps_per_row = variant.warps_per_row;
+        tuning.fast_sum = variant.fast_sum;
+        tuning.l2_prefetch = variant.l2_prefetch;
         double pct[3], us[3];
         for (int op = 0; op < 3; ++op) {
           ce::RowArgs run = args;
@@ -312,8 +314,10 @@ absl::Status Sweep(Context& context, int64_t tokens,
           }
           auto fn = [&](int) -> absl::Status {
             CUDA_RETURN_IF_ERROR(
-                op == 2 ? ce::LaunchBackward(run, info.sm_count, stream)
-                        : ce::LaunchRows(run, info.sm_count, stream));
+                op == 2
+                    ? ce::LaunchBackwardTuned(run, tuning, info.sm_count,
+                                              stream)
+                    : ce::LaunchRowsTuned(run, tuning, info.sm_count, stream));
             return absl::OkStatus();
           };
           auto ms = bench::MedianMs(stream, 3, 15, fn);

@@ -64,15 +64,6 @@ struct RowArgs {
   // reading the logits at once and the scan's results after
   // griddepcontrol.wait.
   bool follows_scan = false;
-  // Launch tuning of the CUDA row kernels (0 = automatic); for the benchmark's
-  // sweep.
-  int tune_kernel =
-      0;  // 1 register/cluster, 2 pipelined backward, 3 warp per row
-  int tune_stages = 0;  // rows in shared memory per block (pipelined backward)
-  int tune_blocks_per_sm = 0;  // cap on resident blocks per SM (warp kernel)
-  int tune_warps_per_row = 0;  // warps sharing a row: 1, 2, 4, 8 (warp kernel)
-  int tune_fast_sum = 0;       // forward's fast exponential sum: 1 off, 2 on
-  int tune_l2_prefetch = 0;  // fused kernel: L2 prefetch of a row, -1 off, 1 on
 };
 
 }  // namespace ce

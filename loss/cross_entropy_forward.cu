@@ -1,0 +1,289 @@
+// The cross-entropy forward: WarpRowKernel, a warp-per-row streaming kernel.
+// A warp streams each row with 16-byte loads (eight pieces a lane in flight),
+// keeps online max/sum per lane and reduces with shuffles: no block barrier, a
+// persistent grid, one read of the logits. Long rows are shared by 2 to 8
+// warps of a block (WarpGroup), whose totals meet in shared memory. The fast
+// exponential sum skips the per-logit tie test; rows whose max holds most of
+// the probability (RowNeedsExactPass) are streamed again exactly.
+#include <cstdint>
+
+#include "loss/cross_entropy_launch.cuh"
+#include "loss/cross_entropy_tiles.cuh"
+
+namespace lossrt {
+namespace ce {
+namespace {
+
+// The exact statistics of a row that a warp streams again: for rows whose
+// max dominates, after the fast sum (RowNeedsExactPass). Such rows were just
+// read, so this read mostly hits L2.
+// A warp of a group (WarpGroup) streams its own tiles: pieces from `first0`,
+// `step` apart.
+template <typename TileT, int R, bool kOpt, typename T>
+__device__ __forceinline__ RowStats ExactWarpRowStats(const T* logits_row,
+                                                      RowView view,
+                                                      int64_t target,
+                                                      bool smoothing,
+                                                      int first0, int step) {
+  constexpr int kW = TileT::kW;
+  const int vecs = (view.vocab + kW - 1) / kW;
+  view.stride = 32;
+  RowStats stats = IdentityStats();
+  for (int first = first0; first < vecs; first += step) {
+    TileT tile;
+    view.first = first;
+    tile.Load(logits_row, view.vocab, first, 32);
+    stats = Combine(stats,
+                    TileStats<TileT, R, kOpt>(tile, view, target, smoothing));
+  }
+  return WarpReduce<kOpt>(stats);
+}
+
+// The warps of a block that share a row (1, 2, 4 or all 8 of its 256
+// threads' warps): each streams every size-th tile of the row, and their
+// totals are combined through shared memory. Sharing rows makes the unit of
+// work smaller, so that a persistent grid ends evenly when there are only a
+// few rows a warp (16384 rows of 4096 classes on 3168 warps: 5.2 a warp, so a
+// sixth of the warps take a sixth row while the rest idle).
+struct WarpGroup {
+  int size;     // warps a row
+  int rank;     // this warp's place in the group
+  int barrier;  // the group's named barrier (1 + its index in the block)
+};
+
+__device__ __forceinline__ WarpGroup MakeWarpGroup(int size) {
+  const int warp_in_block = threadIdx.x >> 5;
+  return WarpGroup{size, warp_in_block % size, 1 + warp_in_block / size};
+}
+
+// Shared slots of the group reduction: one RowStats a warp, double-buffered.
+struct GroupSlots {
+  RowStats stats[2][8];
+};
+
+// The row's statistics from its group's warp totals (each the same in every
+// lane of its warp), combined in the warps' order so that every warp gets the
+// same bits. A warp writes a row's slot only after the barrier of the row
+// before, which every warp passes after it has read the slots of the row
+// before that: two buffers suffice.
+__device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
+                                                 const WarpGroup& group,
+                                                 GroupSlots& slots,
+                                                 int& parity) {
+  if (group.size == 1) return warp_total;
+  const int first_warp = (threadIdx.x >> 5) - group.rank;
+  RowStats* buffer = slots.stats[parity];
+  if ((threadIdx.x & 31) == 0) buffer[first_warp + group.rank] = warp_total;
+  asm volatile("bar.sync %0, %1;" ::"r"(group.barrier), "r"(group.size * 32)
+               : "memory");
+  RowStats total = buffer[first_warp];
+  for (int w = 1; w < group.size; ++w)
+    total = Combine(total, buffer[first_warp + w]);
+  parity ^= 1;
+  return total;
+}
+
+// Warp-per-row kernel (forward): each warp streams whole rows, 8 pieces per
+// lane in flight, with per-lane online statistics; the row reduction is a warp
+// shuffle with no block barrier, so a persistent grid of many warps per SM
+// keeps HBM busy.
+// Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
+// logits, whose raw tiles take half the registers.
+template <typename T>
+constexpr int WarpRowBlocksPerSm() {
+  return sizeof(T) == 2 ? 4 : 3;
+}
+
+template <typename T, bool kVec, bool kOpt, bool kFastSum>
+__global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
+    WarpRowKernel(RowArgs args, int warps_per_row) {
+  constexpr int R = PiecesPerThread<T, kVec>();
+  using TileT = Tile<T, R, kVec>;
+  constexpr int kW = TileT::kW;
+  __shared__ GroupSlots slots;
+  const WarpGroup group = MakeWarpGroup(warps_per_row);
+  int parity = 0;
+  const int vocab = static_cast<int>(args.vocab);
+  const int vecs = (vocab + kW - 1) / kW;
+  const int lane = threadIdx.x & 31;
+  // Groups (rows in flight) of the grid, and this warp's; 256-thread blocks.
+  const int64_t first_row =
+      (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) / group.size;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * 8 / group.size;
+  const bool writer = lane == 0 && group.rank == 0;
+  const bool smoothing = args.label_smoothing > 0.0f;
+  // The scan's results are read after the first row's statistics, which so
+  // overlap the scan; a dependent (the final sum) may launch now.
+  LetDependentGridsLaunch();
+  ScanState scan;
+  RowView view{vocab,
+               0,
+               32,
+               args.softcap,
+               args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+               args.class_weights};
+  auto logits_of = [&](int64_t row) {
+    return static_cast<const T*>(args.logits) + row * args.logits_stride;
+  };
+  if constexpr (kVec && sizeof(T) == 4) {
+    // The fp32 forward walks a warp's tiles of its rows as one sequence of
+    // tiles of half the pieces, and loads the next tile (of this row or of the
+    // next one) before it reduces the current one: HBM keeps streaming through
+    // each row's reductions and loss, which matter most for short rows. The
+    // launch gives every warp of a group at least one tile a row.
+    constexpr int kHalf = R / 2;
+    using HalfTile = Tile<T, kHalf, true>;
+    constexpr int kTileVecs = 32 * kHalf;
+    const int tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
+    int64_t row = first_row;
+    int t = group.rank;  // the current tile of the row, the same in every lane
+    HalfTile current;
+    RowCoefficients c{};
+    if (row < args.rows) {
+      current.Load(logits_of(row), vocab, lane + t * kTileVecs, 32);
+      c = MakeCoefficients(args, row, false, MeanScales{});
+    }
+    RowStats stats = IdentityStats();
+    while (row < args.rows) {
+      int64_t next_row = row;
+      int next_t = t + group.size;
+      if (next_t >= tiles_per_row) {
+        next_row = row + groups;
+        next_t = group.rank;
+      }
+      HalfTile next;
+      if (next_row < args.rows)
+        next.Load(logits_of(next_row), vocab, lane + next_t * kTileVecs, 32);
+      view.first = lane + t * kTileVecs;
+      stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt, kFastSum>(
+                                 current, view, c.target, smoothing));
+      if (next_row != row) {
+        RowStats total =
+            GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
+        if (kFastSum && RowNeedsExactPass(total)) {
+          total = GroupCombine(
+              ExactWarpRowStats<HalfTile, kHalf, kOpt>(
+                  logits_of(row), view, c.target, smoothing,
+                  lane + group.rank * kTileVecs, group.size * kTileVecs),
+              group, slots, parity);
+        }
+        FinishRow(args, row, c, total, writer, scan);
+        stats = IdentityStats();
+        if (next_row < args.rows)
+          c = MakeCoefficients(args, next_row, false, MeanScales{});
+      }
+      current = next;
+      row = next_row;
+      t = next_t;
+    }
+  } else {
+    const int first0 = lane + group.rank * 32 * R;
+    const int step = group.size * 32 * R;
+    for (int64_t row = first_row; row < args.rows; row += groups) {
+      const T* logits_row = logits_of(row);
+      RowCoefficients c = MakeCoefficients(args, row, false, MeanScales{});
+      RowStats stats = IdentityStats();
+      for (int first = first0; first < vecs; first += step) {
+        TileT tile;
+        view.first = first;
+        tile.Load(logits_row, vocab, first, 32);
+        stats = Combine(stats, TileStats<TileT, R, kOpt, kFastSum>(
+                                   tile, view, c.target, smoothing));
+      }
+      RowStats total =
+          GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
+      if (kFastSum && RowNeedsExactPass(total)) {
+        total = GroupCombine(
+            ExactWarpRowStats<TileT, R, kOpt>(logits_row, view, c.target,
+                                              smoothing, first0, step),
+            group, slots, parity);
+      }
+      FinishRow(args, row, c, total, writer, scan);
+    }
+  }
+}
+
+// The forward takes the fast exponential sum (one exponential and add a
+// logit, no tie test; rows whose max dominates are streamed again for the
+// exact pass), with or without options: 16-bit logits always (they are
+// issue-bound on two logits a 32-bit word), fp32 from vocab 32768 (below it
+// the tie test costs less than the fast sum's extra instructions).
+constexpr int64_t kFastSumF32Vocab = 32768;
+
+// Warps that share a row of the warp-per-row kernel (WarpGroup) when the
+// caller does not choose (LaunchTuning::warps_per_row), by the row's tiles
+// (of 512 floats in the fp32 forward's walk, 1024 16-bit logits otherwise),
+// as measured on the H200 (bench/RESULTS.md): fp32 two warps a row from 16
+// tiles and four from 32, bf16 two from 64. Shorter rows (the barrier waits
+// outweigh the even end) and the options' kernels keep one.
+int AutoWarpsPerRow(bool fp32_walk, bool sixteen_bit, bool options,
+                    int64_t tiles_per_row) {
+  if (options) return 1;
+  if (fp32_walk) return tiles_per_row >= 32 ? 4 : tiles_per_row >= 16 ? 2 : 1;
+  return sixteen_bit && tiles_per_row >= 64 ? 2 : 1;
+}
+
+template <typename T, bool kVec, bool kOpt>
+cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
+                                int num_sms, cudaStream_t stream) {
+  const bool fast_sum = tuning.fast_sum == 0
+                            ? sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab
+                            : tuning.fast_sum == 2;
+  auto kernel = fast_sum ? WarpRowKernel<T, kVec, kOpt, true>
+                         : WarpRowKernel<T, kVec, kOpt, false>;
+  int per_sm = 0;
+  cudaError_t error =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+  if (error != cudaSuccess) return error;
+  if (tuning.blocks_per_sm > 0 && tuning.blocks_per_sm < per_sm)
+    per_sm = tuning.blocks_per_sm;
+  // Warps a row (WarpGroup), at most one a tile of the row.
+  constexpr int kR = PiecesPerThread<T, kVec>();
+  constexpr bool kWalk = kVec && sizeof(T) == 4;  // half tiles
+  constexpr int kTileVecs = 32 * (kWalk ? kR / 2 : kR);
+  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
+  const int64_t vecs = (args.vocab + kW - 1) / kW;
+  const int64_t tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
+  int warps_per_row =
+      tuning.warps_per_row > 0
+          ? tuning.warps_per_row
+          : AutoWarpsPerRow(kWalk, kVec && sizeof(T) == 2, kOpt, tiles_per_row);
+  if (warps_per_row != 1 && warps_per_row != 2 && warps_per_row != 4 &&
+      warps_per_row != 8) {
+    return cudaErrorInvalidValue;
+  }
+  while (warps_per_row > 1 && warps_per_row > tiles_per_row) warps_per_row /= 2;
+  // A full grid leaves rows % warps warps one row more than the rest (16384
+  // rows on 3168 warps: 544 warps take a sixth row, on a device otherwise
+  // idle). From 128 KiB rows, where that last row is long, the grid is the
+  // fewest warps that take the same most rows a warp, so that the rows
+  // spread evenly. Shorter rows keep the full grid, whose extra warps in
+  // flight are worth more there, and so do the options' kernels, which issue
+  // more than they read.
+  const int64_t max_groups =
+      int64_t{per_sm > 0 ? per_sm : 1} * num_sms * 8 / warps_per_row;
+  int64_t groups = args.rows < max_groups ? args.rows : max_groups;
+  if (!kOpt && args.vocab * int64_t{sizeof(T)} >= (128 << 10)) {
+    const int64_t rows_per_group = (args.rows + max_groups - 1) / max_groups;
+    groups = (args.rows + rows_per_group - 1) / rows_per_group;
+  }
+  const int64_t blocks = (groups * warps_per_row + 7) / 8;
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(blocks), 256, 0, 1, stream, args,
+                         warps_per_row);
+}
+
+}  // namespace
+
+cudaError_t LaunchForwardRows(const RowArgs& args, const LaunchTuning& tuning,
+                              int num_sms, cudaStream_t stream) {
+  return DispatchRowKernels<false>(args, [&](auto logits_tag, auto, auto vec,
+                                             auto opt) {
+    using T = typename decltype(logits_tag)::Type;
+    return LaunchWarpRowKernel<T, decltype(vec)::value, decltype(opt)::value>(
+        args, tuning, num_sms, stream);
+  });
+}
+
+}  // namespace ce
+}  // namespace lossrt

@@ -1,0 +1,426 @@
+// The fused forward+backward kernel (RowKernel) and its launch: a row is split
+// over a thread-block cluster of 1 to 8 CTAs and held in registers between its
+// reduction (warp, block, then the cluster through distributed shared memory)
+// and its gradient, so it is read once and written once. Rows without a soft
+// cap keep exp(x - thread max) in place of their logits, so the gradient is
+// one multiply a logit. Rows longer than a cluster holds are tiled and re-read.
+// For fp32 rows one CTA holds, a variant loads the next row before it reduces
+// the current one. Instantiated per logits type in cross_entropy_fused_*.cu.
+// Internal to //loss.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_FUSED_CUH_
+#define LOSSRT_LOSS_CROSS_ENTROPY_FUSED_CUH_
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "loss/cross_entropy_launch.cuh"
+#include "loss/cross_entropy_tiles.cuh"
+
+namespace lossrt {
+namespace ce {
+
+namespace cg = cooperative_groups;
+
+struct RowShared {
+  RowStats warp_stats[kMaxThreads / 32];
+  RowStats cluster_slot[2];  // this CTA's partial, double-buffered by the
+                             // parity of the reduction
+  RowStats row_final;
+};
+
+// Block (and cluster) reduction of per-thread stats; every thread gets the
+// row's stats.
+template <bool kWeighted>
+__device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
+                                              int cluster_size, int& parity) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
+            warps = blockDim.x >> 5;
+  stats = WarpReduce<kWeighted>(stats);
+  if (lane == 0) shared.warp_stats[warp] = stats;
+  __syncthreads();
+  if (warp == 0) {
+    RowStats block = lane < warps ? shared.warp_stats[lane] : IdentityStats();
+    block = WarpReduce<kWeighted>(block);
+    if (cluster_size == 1) {
+      if (lane == 0) shared.row_final = block;
+    } else {
+      if (lane == 0) shared.cluster_slot[parity] = block;
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_size > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's partial of this row is in its slot
+    if (warp == 0) {
+      RowStats part = IdentityStats();
+      if (lane < cluster_size)
+        part = *cluster.map_shared_rank(&shared.cluster_slot[parity], lane);
+      part = WarpReduce<kWeighted>(part);
+      if (lane == 0) shared.row_final = part;
+    }
+  }
+#endif
+  __syncthreads();
+  parity ^= 1;
+  return shared.row_final;
+}
+
+// One row in one exponential a logit (TileStatsKeepExp): statistics into
+// `kept`, the exact redo where the max dominates, the loss, and the gradient
+// from the kept exponentials.
+template <typename G, typename TileT, typename KeptT, int R, bool kOpt>
+__device__ __forceinline__ void RowFromKeptExp(
+    const RowArgs& args, int64_t row, const TileT& tile, KeptT& kept,
+    const RowView& view, RowCoefficients& c, bool smoothing, RowShared& shared,
+    int cluster_size, int& parity, bool writer, ScanState& scan) {
+  ExpTileStats part =
+      TileStatsKeepExp<TileT, R, kOpt>(tile, view, c.target, smoothing, kept);
+  RowStats total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
+  if (RowNeedsExactPass(total)) {
+    part.stats.rest = ExactRestFromExp<KeptT, R>(kept, part.ref);
+    total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
+  }
+  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+  TileGradFromExp<G, KeptT, R, kOpt>(kept, view, part.ref, grad_row, gc, c,
+                                     total.target_logit);
+}
+
+// One row in the exact pass: the statistics of `tile`, the loss and (kGrad)
+// the gradient, with a second exponential a logit.
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
+__device__ __forceinline__ void RowFromExactPass(
+    const RowArgs& args, int64_t row, const TileT& tile, const RowView& view,
+    RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
+    int& parity, bool writer, ScanState& scan) {
+  const RowStats total = ReduceRow<kOpt>(
+      TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
+      cluster_size, parity);
+  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  if constexpr (kGrad) {
+    G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+  }
+}
+
+// One row of a register kernel whose tile holds the whole row (tiles == 1):
+// statistics, loss and gradient from the registers. Vectorized rows without
+// a soft cap take one exponential a logit (RowFromKeptExp).
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt,
+          bool kSoftcap>
+__device__ __forceinline__ void RowFromRegisters(
+    const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
+    RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
+    int& parity, bool writer, ScanState& scan) {
+  using FloatTileT = FloatTile<R, TileT::kW>;
+  constexpr bool k16BitVec =
+      TileT::kW > 1 && sizeof(typename TileT::Element) == 2;
+  // Vectorized rows without a soft cap take one exponential a logit: fp32
+  // tiles keep e in place, 16-bit ones in a float tile beside their raw
+  // pieces. (The soft cap's kernels are apart: both passes in one kernel
+  // spill it by kilobytes.)
+  if constexpr (kGrad && TileT::kW > 1 && !kSoftcap) {
+    if constexpr (!k16BitVec) {
+      RowFromKeptExp<G, TileT, TileT, R, kOpt>(args, row, tile, tile, view, c,
+                                               smoothing, shared, cluster_size,
+                                               parity, writer, scan);
+    } else {
+      FloatTileT kept;
+      RowFromKeptExp<G, TileT, FloatTileT, R, kOpt>(
+          args, row, tile, kept, view, c, smoothing, shared, cluster_size,
+          parity, writer, scan);
+    }
+    return;
+  }
+  // Soft-capped (and scalar) rows keep the exact sum and a second exponential
+  // in the gradient; 16-bit ones unpack once, into floats.
+  if constexpr (kGrad && kOpt && k16BitVec) {
+    FloatTileT floats;
+    floats.Fill(tile, view);
+    RowFromExactPass<G, FloatTileT, R, kGrad, kOpt>(
+        args, row, floats, view, c, smoothing, shared, cluster_size, parity,
+        writer, scan);
+  } else {
+    RowFromExactPass<G, TileT, R, kGrad, kOpt>(args, row, tile, view, c,
+                                               smoothing, shared, cluster_size,
+                                               parity, writer, scan);
+  }
+}
+
+// Rows longer than the cluster's registers hold: tiles of each are read for the
+// statistics, then again for the gradient (the last one still in registers).
+// (RowKernel's kRowsTiled mode.)
+template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
+__device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
+                                              RowShared& shared,
+                                              int cluster_size, int tiles,
+                                              int rank, ScanState& scan) {
+  const int64_t cluster_id = blockIdx.x / cluster_size;
+  const int64_t clusters = gridDim.x / cluster_size;
+  const int first0 = rank * blockDim.x + threadIdx.x;
+  const int tile_pieces = view.stride * R;
+  const bool smoothing = args.label_smoothing > 0.0f;
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  int parity = 0;
+  for (int64_t row = cluster_id; row < args.rows; row += clusters) {
+    const T* logits_row =
+        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+    TileT tile;
+    RowStats stats = IdentityStats();
+    for (int t = 0; t < tiles; ++t) {
+      view.first = t * tile_pieces + first0;
+      tile.Load(logits_row, view.vocab, view.first, view.stride);
+      stats = Combine(
+          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+    }
+    const RowStats total = ReduceRow<kOpt>(stats, shared, cluster_size, parity);
+    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+    if constexpr (kGrad) {
+      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+      // Tiles are revisited last-first so that the tile still in registers
+      // goes first.
+      for (int t = tiles - 1; t >= 0; --t) {
+        view.first = t * tile_pieces + first0;
+        if (t != tiles - 1)
+          tile.Load(logits_row, view.vocab, view.first, view.stride);
+        TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
+      }
+    }
+  }
+}
+
+// Register kernel (fused forward+backward): one row per cluster at a time, held
+// in the registers of the cluster's threads (kPieces 16-byte pieces each)
+// between the reduction and the gradient, so it is read once. `tiles` > 1 only
+// for rows longer than the cluster holds (those are read twice).
+// kMode: kRowsOneTile (the row fits, tiles == 1), kRowsTiled (it does not),
+// or kRowsPrefetch (tiles == 1: each thread holds two rows' pieces and loads
+// the cluster's next row before it reduces the current one, so the loads of
+// a CTA never wait for its reductions, barriers and stores). One kernel each,
+// so that no mode's registers weigh on another's.
+enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
+
+// kSoftcap (vectorized kOpt kernels only): the soft cap is on, so the row
+// keeps its logits and takes the exact pass (RowFromRegisters).
+template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
+          int kMode, bool kSoftcap = false>
+__global__ void __launch_bounds__(kMaxThreads, 2)
+    RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2) {
+  using TileT = Tile<T, R, kVec>;
+  __shared__ RowShared shared;
+  const int rank =
+      cluster_size > 1 ? static_cast<int>(blockIdx.x % cluster_size) : 0;
+  const int64_t cluster_id = blockIdx.x / cluster_size;
+  const int64_t clusters = gridDim.x / cluster_size;
+  const int stride =
+      cluster_size * blockDim.x;  // pieces between a thread's registers
+  const bool smoothing = args.label_smoothing > 0.0f;
+  // The scan's results are read after the first row's statistics, which so
+  // overlap the scan; a dependent (the final sum) may launch now.
+  LetDependentGridsLaunch();
+  RowView view{static_cast<int>(args.vocab),
+               0,
+               stride,
+               args.softcap,
+               args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f,
+               args.class_weights};
+  const int first0 = rank * blockDim.x + threadIdx.x;
+  int parity = 0;
+  ScanState scan;
+  auto logits_of = [&](int64_t row) {
+    return static_cast<const T*>(args.logits) + row * args.logits_stride;
+  };
+
+  // With prefetch_l2, threads r < R ask L2 for this CTA's piece r of a row
+  // ahead of the one in registers (its blockDim.x pieces are contiguous).
+  const int64_t row_bytes = args.vocab * int64_t{sizeof(T)};
+  auto prefetch_row = [&](int64_t row) {
+    if (kVec && prefetch_l2 && threadIdx.x < R && row < args.rows) {
+      const int64_t first =
+          rank * blockDim.x + threadIdx.x * static_cast<int64_t>(stride);
+      PrefetchL2(reinterpret_cast<const uint4*>(logits_of(row)) + first,
+                 WholePieceBytes(first, blockDim.x, row_bytes));
+    }
+  };
+  if constexpr (kMode == kRowsPrefetch) {
+    TileT current;
+    if (cluster_id < args.rows)
+      current.Load(logits_of(cluster_id), view.vocab, first0, stride);
+    for (int64_t row = cluster_id; row < args.rows; row += clusters) {
+      // The cluster's next row is on its way before this one is reduced, and
+      // L2 fetches the one after.
+      TileT next;
+      if (row + clusters < args.rows)
+        next.Load(logits_of(row + clusters), view.vocab, first0, stride);
+      prefetch_row(row + 2 * clusters);
+      RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      view.first = first0;
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
+          args, row, current, view, c, smoothing, shared, cluster_size, parity,
+          rank == 0 && threadIdx.x == 0, scan);
+      current = next;
+    }
+  } else if constexpr (kMode == kRowsTiled) {
+    MultiTileRows<T, G, TileT, R, kGrad, kOpt>(args, view, shared, cluster_size,
+                                               tiles, rank, scan);
+  } else {
+    for (int64_t row = cluster_id; row < args.rows; row += clusters) {
+      const T* logits_row = logits_of(row);
+      RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      TileT tile;
+      view.first = first0;
+      tile.Load(logits_row, view.vocab, view.first, stride);
+      prefetch_row(row + clusters);
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
+          args, row, tile, view, c, smoothing, shared, cluster_size, parity,
+          rank == 0 && threadIdx.x == 0, scan);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // No CTA may leave while another can still read its shared memory.
+  if (cluster_size > 1) cg::this_cluster().sync();
+#endif
+}
+
+// Chooses the cluster size, threads and tiles for a row of `vecs` vectors, R
+// per thread: the smallest cluster whose registers hold the row (so it is read
+// once), up to 8 CTAs.
+struct RowLaunch {
+  int cluster_size;
+  int threads;
+  int tiles;
+};
+
+inline RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread,
+                                 bool clusters_allowed) {
+  RowLaunch launch{1, kMaxThreads, 1};
+  const int64_t per_cta_capacity = int64_t{kMaxThreads} * per_thread;
+  while (clusters_allowed && launch.cluster_size < kMaxCluster &&
+         (vecs + launch.cluster_size - 1) / launch.cluster_size >
+             per_cta_capacity) {
+    launch.cluster_size *= 2;
+  }
+  const int64_t per_cta =
+      (vecs + launch.cluster_size - 1) / launch.cluster_size;
+  launch.tiles =
+      static_cast<int>((per_cta + per_cta_capacity - 1) / per_cta_capacity);
+  if (launch.tiles == 1) {
+    const int64_t threads = (per_cta + per_thread - 1) / per_thread;
+    launch.threads = static_cast<int>((threads + 31) / 32 * 32);
+  }
+  return launch;
+}
+
+template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
+          bool kSoftcap>
+cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
+                              int num_sms, cudaStream_t stream) {
+  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
+  constexpr int R = PiecesPerThread<T, kVec>();
+  const int64_t vecs = (args.vocab + kW - 1) / kW;
+  // The prefetching variant holds two tiles of half as many pieces: the same
+  // registers for two rows. On the H200 it pays for fp32 rows that one CTA
+  // holds, and loses where it would double the cluster or for 16-bit logits
+  // (bench/RESULTS.md). KernelChoice::kCluster keeps the other kernel.
+  constexpr bool kCanPrefetch = kVec && kGrad && sizeof(T) == 4;
+  constexpr int kPrefetchR = R / 2;
+  const RowLaunch prefetch_launch =
+      ChooseRowLaunch(vecs, kPrefetchR, DeviceMajor() >= 9);
+  const bool prefetch = kCanPrefetch && prefetch_launch.tiles == 1 &&
+                        prefetch_launch.cluster_size == 1 &&
+                        tuning.kernel != KernelChoice::kCluster;
+  const RowLaunch launch =
+      prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
+  auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
+       kVec, kGrad, kOpt, kCanPrefetch ? kRowsPrefetch : kRowsOneTile,
+       kSoftcap >
+      : launch.tiles > 1
+        ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled>
+        : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile, kSoftcap>;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(launch.threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  int64_t max_clusters = 0;
+  if (launch.cluster_size > 1) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = launch.cluster_size;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    config.gridDim = dim3(launch.cluster_size * num_sms);
+    int active = 0;
+    cudaError_t error =
+        cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (error != cudaSuccess) return error;
+    max_clusters = active > 0 ? active : 1;
+  } else {
+    int per_sm = 0;
+    cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kernel, launch.threads, 0);
+    if (error != cudaSuccess) return error;
+    max_clusters = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
+  }
+  const int64_t clusters = args.rows < max_clusters ? args.rows : max_clusters;
+  // L2 prefetch of a row ahead (LaunchTuning::l2_prefetch: -1 off, 1 on), for
+  // 16-bit rows and fp32 rows on one CTA or a full cluster: in same-run A/Bs
+  // on the H200 it paid there and lost on fp32 clusters of 2 and 4 CTAs,
+  // whose rows are already many bytes in flight.
+  const bool prefetch_l2 =
+      launch.tiles == 1 &&
+      (tuning.l2_prefetch == 0 ? sizeof(T) == 2 || launch.cluster_size == 1 ||
+                                     launch.cluster_size == kMaxCluster
+                               : tuning.l2_prefetch > 0);
+  return LaunchDependent(args.follows_scan, kernel,
+                         static_cast<unsigned>(clusters * launch.cluster_size),
+                         launch.threads, 0, launch.cluster_size, stream, args,
+                         launch.cluster_size, launch.tiles, prefetch_l2);
+}
+
+// The fused kernel for (T, G) rows, with the soft-capped variant where the cap
+// is on.
+template <typename T, typename G, bool kVec, bool kOpt>
+cudaError_t LaunchFusedRowKernel(const RowArgs& args,
+                                 const LaunchTuning& tuning, int num_sms,
+                                 cudaStream_t stream) {
+  if constexpr (kVec && kOpt) {
+    if (args.softcap > 0.0f)
+      return LaunchRowKernelOf<T, G, kVec, true, kOpt, true>(args, tuning,
+                                                             num_sms, stream);
+  }
+  return LaunchRowKernelOf<T, G, kVec, true, kOpt, false>(args, tuning, num_sms,
+                                                          stream);
+}
+
+// LaunchFusedRowKernel where the rows' (logits, gradient) types are one of
+// Pairs (std::pair<T, G>), else cudaErrorInvalidValue: each
+// cross_entropy_fused_*.cu instantiates its own pairs, so that nvcc compiles
+// them in parallel.
+template <typename... Pairs>
+cudaError_t LaunchFusedRowsOf(const RowArgs& args, const LaunchTuning& tuning,
+                              int num_sms, cudaStream_t stream) {
+  if (tuning.kernel == KernelChoice::kPipelined) return cudaErrorInvalidValue;
+  return DispatchRowKernels<true>(
+      args,
+      [&](auto logits_tag, auto grad_tag, auto vec, auto opt) -> cudaError_t {
+        using T = typename decltype(logits_tag)::Type;
+        using G = typename decltype(grad_tag)::Type;
+        if constexpr ((std::is_same_v<std::pair<T, G>, Pairs> || ...)) {
+          return LaunchFusedRowKernel<T, G, decltype(vec)::value,
+                                      decltype(opt)::value>(args, tuning,
+                                                            num_sms, stream);
+        } else {
+          return cudaErrorInvalidValue;
+        }
+      });
+}
+
+}  // namespace ce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_FUSED_CUH_

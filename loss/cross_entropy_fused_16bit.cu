@@ -1,0 +1,22 @@
+// The fused cross-entropy kernels for bf16 and f16 logits (and gradients).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "loss/cross_entropy_fused.cuh"
+
+namespace lossrt {
+namespace ce {
+
+cudaError_t LaunchFusedRows16Bit(const RowArgs& args,
+                                 const LaunchTuning& tuning, int num_sms,
+                                 cudaStream_t stream) {
+  return LaunchFusedRowsOf<std::pair<__nv_bfloat16, __nv_bfloat16>,
+                           std::pair<__half, __half>>(args, tuning, num_sms,
+                                                      stream);
+}
+
+}  // namespace ce
+}  // namespace lossrt

@@ -1,0 +1,392 @@
+// Device math shared by every cross-entropy kernel: element conversions, the
+// row statistics (max, sum of exponentials, target logit) and their warp
+// reduction, the per-row loss and gradient coefficients, programmatic
+// dependent launch and the unpacking of 16-byte pieces. Internal to //loss.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_ROW_STATS_CUH_
+#define LOSSRT_LOSS_CROSS_ENTROPY_ROW_STATS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "loss/cross_entropy_kernels.h"
+
+namespace lossrt {
+namespace ce {
+
+constexpr int kMaxThreads = 512;
+constexpr int kMaxCluster = 8;  // the portable cluster size
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float QuietNaN() {
+  return __int_as_float(0x7fffffff);
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T value);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half value) {
+  return __half2float(value);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float value) {
+  return __float2half_rn(value);
+}
+
+// Raw storage of kW elements of T: one 16/8/4/2-byte access.
+template <int kBytes>
+struct RawVec;
+template <>
+struct RawVec<16> {
+  using Type = uint4;
+};
+template <>
+struct RawVec<8> {
+  using Type = uint2;
+};
+template <>
+struct RawVec<4> {
+  using Type = uint32_t;
+};
+template <>
+struct RawVec<2> {
+  using Type = uint16_t;
+};
+
+template <typename G, int kW>
+__device__ __forceinline__ void StoreVec(G* ptr, const float (&values)[kW]) {
+  using Raw = typename RawVec<sizeof(G) * kW>::Type;
+  union {
+    Raw raw;
+    G elements[kW];
+  } data;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) data.elements[k] = FromFloat<G>(values[k]);
+  if constexpr (sizeof(Raw) == 16) {
+    __stcs(reinterpret_cast<Raw*>(ptr), data.raw);
+  } else {
+    *reinterpret_cast<Raw*>(ptr) = data.raw;
+  }
+}
+
+// Partial statistics of a row: max m, rest = sum of exp(z - m) minus one (the
+// max's own term, exactly 1, is left out so that lse = m + log1p(rest) keeps
+// its precision when one logit dominates: a float 1 + rest would round rest to
+// 1e-7), the target's z (0 where the target is elsewhere) and sum of w_j * z_j
+// (for label smoothing).
+struct RowStats {
+  float max;
+  float rest;
+  float target_logit;
+  float weighted_sum;
+};
+
+// No elements: max -inf, sum 0 (rest -1).
+__device__ __forceinline__ RowStats IdentityStats() {
+  return RowStats{NegInf(), -1.0f, 0.0f, 0.0f};
+}
+
+// Online-softmax merge with one exponential: the side with the smaller max is
+// scaled. Symmetric to the bit (so butterfly reductions give every lane the
+// same value).
+__device__ __forceinline__ RowStats Combine(const RowStats& a,
+                                            const RowStats& b) {
+  const float max = fmaxf(a.max, b.max);
+  float rest;
+  if (a.max == b.max) {
+    rest = (a.rest + b.rest) +
+           1.0f;  // both sides' max terms: one stays out of rest
+  } else {
+    const float min = fminf(a.max, b.max);
+    const float scale = min == NegInf() ? 0.0f : __expf(min - max);
+    rest = a.max > b.max ? a.rest + (b.rest + 1.0f) * scale
+                         : b.rest + (a.rest + 1.0f) * scale;
+  }
+  return RowStats{max, rest, a.target_logit + b.target_logit,
+                  a.weighted_sum + b.weighted_sum};
+}
+
+// exp2 on the special-function unit (relative error ~2^-22; flushes results
+// below 2^-126).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The warp's statistics, in every lane: the max first, then each lane's sum
+// rescaled to it once (one exponential a lane, not one a shuffle round) and
+// summed by a butterfly (the same bits in every lane). Lanes whose max is the
+// warp's keep their "rest" and add their exact 1s as a count, so the sum keeps
+// its precision when one logit dominates.
+// kWeighted: the label-smoothing sum is reduced too (kOpt kernels only).
+template <bool kWeighted = true>
+__device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
+  float max = stats.max;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    max = fmaxf(max, __shfl_xor_sync(kFullMask, max, offset));
+  float rest;
+  unsigned tie_lanes = 0;
+  if (max == NegInf()) {
+    rest = stats.rest + 1.0f;  // 0, or NaN from a NaN probe
+  } else {
+    const bool tie = stats.max == max;
+    tie_lanes = __ballot_sync(kFullMask, tie);
+    rest = tie ? stats.rest : (stats.rest + 1.0f) * __expf(stats.max - max);
+  }
+  float target_logit = stats.target_logit, weighted_sum = stats.weighted_sum;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    rest += __shfl_xor_sync(kFullMask, rest, offset);
+    target_logit += __shfl_xor_sync(kFullMask, target_logit, offset);
+    if (kWeighted)
+      weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
+  }
+  return RowStats{max, rest + static_cast<float>(__popc(tie_lanes) - 1),
+                  target_logit, weighted_sum};
+}
+
+__device__ __forceinline__ int64_t LoadTarget(const RowArgs& args,
+                                              int64_t row) {
+  return args.targets_i64 ? static_cast<const int64_t*>(args.targets)[row]
+                          : static_cast<const int32_t*>(args.targets)[row];
+}
+
+// Per-row scalars of the loss and its gradient (see loss/cross_entropy.h for
+// the math):
+//   dz_j = coef * p_j - smooth_w * w_j            (j != t)
+//   dz_t = coef * expm1(z_t - lse) + (coef - target_coef) - smooth_w * w_t
+// Writing dz_t through expm1 keeps p_t - 1 exact when p_t is near 1.
+struct RowCoefficients {
+  bool ignored;
+  bool valid_target;
+  int64_t target;
+  float target_weight;
+  float ce_scale;  // gradient scale of the cross-entropy part (incoming grad /
+                   // denominator)
+  float z_scale;   // same for the z-loss part
+};
+
+// The mean's scales: 1 / denominator in float (1 unless the reduction is kMean;
+// 0 for an empty denominator). Kernels form them once, so that rows multiply
+// instead of dividing in double.
+struct MeanScales {
+  float ce_inv = 1.0f;
+  float z_inv = 1.0f;
+};
+
+__device__ __forceinline__ MeanScales LoadMeanScales(const RowArgs& args) {
+  MeanScales m;
+  if (args.reduction == kMean) {
+    const double ce = args.stats->ce_denominator, z = args.stats->z_denominator;
+    m.ce_inv = ce > 0 ? static_cast<float>(1.0 / ce) : 0.0f;
+    m.z_inv = z > 0 ? static_cast<float>(1.0 / z) : 0.0f;
+  }
+  return m;
+}
+
+// Programmatic dependent launch (sm_90): a row kernel may start while the
+// target scan before it runs. Everything older than the scan is complete when
+// the scan starts, so the logits and targets may be read at once; only the
+// scan's results wait for griddepcontrol.wait. Without the launch attribute
+// (or before sm_90) both instructions do nothing.
+__device__ __forceinline__ void WaitForPrerequisiteGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void LetDependentGridsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 to fetch `bytes` (a multiple of 16, from a 16-byte aligned `ptr`)
+// ahead of the loads that will read them (sm_90 bulk prefetch, one
+// instruction): bytes in flight from HBM without registers, for the fused
+// kernel, whose registers hold only the row it works on (and the next). The
+// forward's warps lost by it (fp32: 72 -> 81 us at vocab 4096, 1894 -> 2132
+// at 131072 on the H200): they keep enough loads in flight themselves, and
+// the prefetches only add traffic to L2.
+__device__ __forceinline__ void PrefetchL2(const void* ptr, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes > 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr),
+                 "r"(bytes)
+                 : "memory");
+  }
+#endif
+}
+
+// Bytes of the `vecs_wanted` 16-byte pieces from piece `first` of a row of
+// `row_bytes` bytes that lie wholly inside it (the row's partial last piece is
+// left to the load).
+__device__ __forceinline__ int WholePieceBytes(int64_t first, int vecs_wanted,
+                                               int64_t row_bytes) {
+  const int64_t whole = row_bytes / 16 - first;
+  return whole <= 0
+             ? 0
+             : 16 * static_cast<int>(whole < vecs_wanted ? whole : vecs_wanted);
+}
+
+// The target scan's results a row kernel needs: the mean's scales and the
+// class weights' total.
+struct ScanResults {
+  MeanScales mean;
+  float weight_total;
+};
+
+__device__ __forceinline__ float WeightTotal(const RowArgs& args);
+
+__device__ __forceinline__ ScanResults LoadScanResults(const RowArgs& args) {
+  WaitForPrerequisiteGrids();
+  return ScanResults{LoadMeanScales(args), WeightTotal(args)};
+}
+
+__device__ __forceinline__ RowCoefficients MakeCoefficients(
+    const RowArgs& args, int64_t row, bool with_grad, const MeanScales& mean) {
+  RowCoefficients c;
+  c.target = LoadTarget(args, row);
+  c.ignored = c.target == args.ignore_index;
+  c.valid_target = !c.ignored && c.target >= 0 && c.target < args.vocab;
+  c.target_weight = (args.class_weights != nullptr && c.valid_target)
+                        ? args.class_weights[c.target]
+                        : 1.0f;
+  float grad = 1.0f;
+  if (with_grad && args.grad_loss != nullptr)
+    grad = args.grad_loss[args.grad_loss_per_row ? row : 0];
+  c.ce_scale = grad * mean.ce_inv;
+  c.z_scale = grad * mean.z_inv;
+  return c;
+}
+
+__device__ __forceinline__ float WeightTotal(const RowArgs& args) {
+  return args.class_weights != nullptr
+             ? static_cast<float>(args.stats->weight_total)
+             : static_cast<float>(args.vocab);
+}
+
+// The gradient's per-row constants (see RowCoefficients). p_j = exp((z_j -
+// shift) - log_sum) with shift = max and log_sum = log1p(rest) in the fused
+// pass (exact for huge logits, where lse = max + log_sum would round), or shift
+// = saved lse and log_sum = 0 in the backward.
+struct GradCoefficients {
+  float coef;
+  float target_coef;
+  float smooth_w;
+  float inv_cap;  // 1 / softcap, 0 when off
+  float shift;
+  float log_sum;
+};
+
+__device__ __forceinline__ GradCoefficients
+MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
+                     float weight_total, float shift, float log_sum) {
+  GradCoefficients g;
+  g.shift = shift;
+  g.log_sum = log_sum;
+  const float s = args.label_smoothing;
+  g.target_coef = c.ce_scale * (1.0f - s) * c.target_weight;
+  g.smooth_w = c.ce_scale * s / static_cast<float>(args.vocab);
+  // The z-loss term only where it is on: 0 * lse would turn an lse of +inf
+  // (a +inf logit) into a NaN gradient where PyTorch has 0 and -1.
+  g.coef = g.target_coef + g.smooth_w * weight_total +
+           (args.z_loss > 0.0f ? 2.0f * c.z_scale * args.z_loss * lse : 0.0f);
+  g.inv_cap = args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f;
+  return g;
+}
+
+// The gradient's coefficients of a backward from the saved lse (shift = lse).
+__device__ __forceinline__ GradCoefficients
+SavedGradCoefficients(const RowArgs& args, int64_t row,
+                      const RowCoefficients& c, float weight_total) {
+  const float lse = args.lse[row];
+  return MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+}
+
+// Writes the row's loss (scaled for the mean) and lse; one thread per row calls
+// it.
+__device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
+                                             const RowCoefficients& c,
+                                             const RowStats& total, float lse,
+                                             float weight_total,
+                                             const MeanScales& mean) {
+  float loss = 0.0f;
+  if (!c.ignored) {
+    if (!c.valid_target) {
+      loss = QuietNaN();
+    } else {
+      const float s = args.label_smoothing;
+      // lse - z_t as (max - z_t) + log1p(rest): small and exact when p_t is
+      // near 1.
+      const float nll = (total.max - total.target_logit) + log1pf(total.rest);
+      const float ce =
+          (1.0f - s) * c.target_weight * nll +
+          (s > 0.0f ? s / args.vocab * (weight_total * lse - total.weighted_sum)
+                    : 0.0f);
+      const float zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0f;
+      loss = ce * mean.ce_inv + zl * mean.z_inv;
+    }
+  }
+  args.row_loss[row] = loss;
+  if (args.lse != nullptr) args.lse[row] = lse;
+}
+
+// Unpacks one 16-byte piece to floats, applies the soft cap, and turns elements
+// past the vocabulary into -inf. kPadded: the piece was loaded with -inf past
+// the vocabulary (Tile::Load), so only a soft cap, which takes -inf to -cap,
+// needs the test; else (the zero-filled copies of the pipelined backward)
+// every piece takes it. A per-piece test in every pass over a tile cost the
+// fp32 forward a branch, a barrier pair and register copies a piece.
+template <typename T, int kW, bool kPadded = false>
+__device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
+                                          float softcap, float inv_cap,
+                                          float (&out)[kW]) {
+  union {
+    uint4 raw;
+    T elements[kW];
+  } data;
+  data.raw = raw;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) out[k] = ToFloat(data.elements[k]);
+  if (inv_cap > 0.0f) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) out[k] = softcap * tanhf(out[k] * inv_cap);
+  }
+  if ((!kPadded || inv_cap > 0.0f) && base + kW > vocab) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) {
+      if (base + k >= vocab) out[k] = NegInf();
+    }
+  }
+}
+
+}  // namespace ce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_ROW_STATS_CUH_

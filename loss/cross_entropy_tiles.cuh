@@ -1,0 +1,639 @@
+// The row skeleton of the cross-entropy kernels: a thread's tile of 16-byte
+// pieces of a row (loaded with -inf past the vocabulary, so that no pass over
+// a tile tests for the row's end), the passes over a tile (max, sum of
+// exponentials, gradient, with or without the options) and FinishRow, which
+// every row kernel calls once a row's statistics are reduced. Internal to
+// //loss.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_TILES_CUH_
+#define LOSSRT_LOSS_CROSS_ENTROPY_TILES_CUH_
+
+#include <cstdint>
+#include <type_traits>
+
+#include "loss/cross_entropy_row_stats.cuh"
+
+namespace lossrt {
+namespace ce {
+
+// R pieces of a row per thread, `stride` pieces apart, piece r starting at
+// vector index first + r * stride. Vectorized tiles keep raw 16-byte pieces and
+// unpack them on use, so 16-bit logits keep as many bytes in flight as fp32 for
+// the same registers.
+template <typename T, int R, bool kVec>
+struct Tile;
+
+template <typename T, int R>
+struct Tile<T, R, true> {
+  static constexpr int kW = 16 / sizeof(T);
+  // 16-bit pieces take their max in pairs, before unpacking (PackedMax).
+  static constexpr bool kPackedMax = sizeof(T) == 2;
+  using Element = T;
+  uint4 raw[R];
+
+  __device__ __forceinline__ void Load(const T* row, int vocab, int first,
+                                       int stride) {
+    const int full_vecs = vocab / kW;
+    if (first + (R - 1) * stride < full_vecs) {
+      // Every piece is whole (most threads of most tiles): no per-piece tests.
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        raw[r] =
+            __ldcs(reinterpret_cast<const uint4*>(row) + first + r * stride);
+      return;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int vec = first + r * stride;
+      if (vec < full_vecs) {
+        // Streaming load: the logits are read once, keep them from evicting
+        // reusable lines.
+        raw[r] = __ldcs(reinterpret_cast<const uint4*>(row) + vec);
+      } else {
+        // The row's partial last piece, or one past the row: -inf past the
+        // vocabulary, so that whole-tile passes need no per-piece test.
+        union {
+          uint4 raw;
+          T elements[kW];
+        } data;
+        const T neg_inf = FromFloat<T>(NegInf());
+#pragma unroll
+        for (int k = 0; k < kW; ++k) {
+          data.elements[k] = vec * kW + k < vocab ? row[vec * kW + k] : neg_inf;
+        }
+        raw[r] = data.raw;
+      }
+    }
+  }
+  __device__ __forceinline__ void Unpack(int r, int base, int vocab,
+                                         float softcap, float inv_cap,
+                                         float (&x)[kW]) const {
+    UnpackVec<T, kW, true>(raw[r], base, vocab, softcap, inv_cap, x);
+  }
+  // Piece r as four floats, as stored (fp32 tiles only).
+  __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
+    static_assert(sizeof(T) == 4, "only fp32 tiles hold floats");
+    x[0] = __uint_as_float(raw[r].x);
+    x[1] = __uint_as_float(raw[r].y);
+    x[2] = __uint_as_float(raw[r].z);
+    x[3] = __uint_as_float(raw[r].w);
+  }
+  // Overwrites piece r with four floats (fp32 tiles only).
+  __device__ __forceinline__ void Store(int r, const float (&x)[kW]) {
+    static_assert(sizeof(T) == 4, "only fp32 tiles hold floats");
+    raw[r] = make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                        __float_as_uint(x[2]), __float_as_uint(x[3]));
+  }
+};
+
+template <typename T, int R>
+struct Tile<T, R, false> {
+  static constexpr int kW = 1;
+  static constexpr bool kPackedMax = false;
+  using Element = T;
+  float value[R];
+
+  __device__ __forceinline__ void Load(const T* row, int vocab, int first,
+                                       int stride) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int e = first + r * stride;
+      value[r] = e < vocab ? ToFloat(row[e]) : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void Unpack(int r, int base, int vocab,
+                                         float softcap, float inv_cap,
+                                         float (&x)[1]) const {
+    float v = value[r];
+    if (inv_cap > 0.0f) v = softcap * tanhf(v * inv_cap);
+    x[0] = base < vocab ? v : NegInf();
+  }
+};
+
+// The row's target as an int when it is a class of the row, else -1: the
+// per-piece "does this piece hold the target" test is then one 32-bit
+// compare (an ignored or out-of-range target matches no piece; its row's loss
+// and gradient do not read the target's logit).
+__device__ __forceinline__ int TargetInRow(int64_t target, int vocab) {
+  return static_cast<uint64_t>(target) < static_cast<uint64_t>(vocab)
+             ? static_cast<int>(target)
+             : -1;
+}
+
+// Everything a tile pass needs to know about its row.
+struct RowView {
+  int vocab;
+  int first;
+  int stride;
+  float softcap;
+  float inv_cap;
+  const float* weights;
+};
+
+// Max of two pairs of 16-bit values (one HMNMX2): a max is exact in the
+// logits' own type, so 16-bit tiles need not unpack for it. Like fmaxf, a NaN
+// loses to a number.
+template <typename T>
+__device__ __forceinline__ uint32_t PairMax(uint32_t a, uint32_t b) {
+  using Pair = typename std::conditional<std::is_same<T, __half>::value,
+                                         __half2, __nv_bfloat162>::type;
+  union {
+    uint32_t bits;
+    Pair pair;
+  } x, y, m;
+  x.bits = a;
+  y.bits = b;
+  m.pair = __hmax2(x.pair, y.pair);
+  return m.bits;
+}
+
+// A pair of -inf in T.
+template <typename T>
+__device__ constexpr uint32_t PairNegInf() {
+  return std::is_same<T, __half>::value ? 0xfc00fc00u : 0xff80ff80u;
+}
+
+// This thread's max over R 16-byte pieces of 16-bit logits, in four partial
+// maxima, taken in pairs (Tile::Load pads the row's end with -inf).
+template <typename T, typename TileT, int R>
+__device__ __forceinline__ void PackedMax(const TileT& tile,
+                                          float (&max_part)[4]) {
+  uint32_t pairs[4] = {PairNegInf<T>(), PairNegInf<T>(), PairNegInf<T>(),
+                       PairNegInf<T>()};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    pairs[0] = PairMax<T>(pairs[0], tile.raw[r].x);
+    pairs[1] = PairMax<T>(pairs[1], tile.raw[r].y);
+    pairs[2] = PairMax<T>(pairs[2], tile.raw[r].z);
+    pairs[3] = PairMax<T>(pairs[3], tile.raw[r].w);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    union {
+      uint32_t bits;
+      T elements[2];
+    } pair;
+    pair.bits = pairs[i];
+    max_part[i] = fmaxf(max_part[i], fmaxf(ToFloat(pair.elements[0]),
+                                           ToFloat(pair.elements[1])));
+  }
+}
+
+// The reference a thread's fast exponential sum is taken against: its max,
+// 0 for a thread of only -inf (its terms are then 0, or NaN from a NaN), and
+// the largest float for one holding +inf (whose term is then +inf: its row's
+// lse is +inf, as the exact pass has it).
+__device__ __forceinline__ float ExpReference(float thread_max) {
+  return thread_max == NegInf() ? 0.0f : fminf(thread_max, 3.402823466e38f);
+}
+
+// A fast sum (the max's 1 included) gives rest = sum - 1 to within a few
+// float roundings of 1 + rest: precise while rest >= 1. Below that one logit
+// holds more than half of the row's probability, and the row takes the exact
+// pass, which leaves the max's 1 out. The same in every thread of the row.
+__device__ __forceinline__ bool RowNeedsExactPass(const RowStats& total) {
+  return !(total.rest >= 1.0f);
+}
+
+// Label smoothing's w_j (1 without class weights); `index` past the row is
+// clamped to its last class, whose weight a masked element never uses.
+__device__ __forceinline__ float SmoothingWeight(const float* weights,
+                                                 int index, int vocab) {
+  return weights != nullptr ? weights[min(index, vocab - 1)] : 1.0f;
+}
+
+// Adds label smoothing's w_j * z_j over the piece at `base` to `sum`, elements
+// past the vocabulary left out.
+template <int kW>
+__device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
+                                               int vocab, const float* weights,
+                                               float& sum) {
+#pragma unroll
+  for (int j = 0; j < kW; ++j) {
+    if (base + j < vocab)
+      sum += weights != nullptr ? weights[base + j] * x[j] : x[j];
+  }
+}
+
+// Sum of exp(x - ref) over a tile, in four independent accumulators. (x - ref)
+// is formed before the scaling by log2(e), so that the largest terms are
+// exact. kKeep also writes each exponential to `kept` (over its own logit for
+// fp32 tiles, kept == &tile), for a gradient of one multiply a logit. kCap
+// applies the soft cap; kSmooth with `smoothing` adds the label-smoothing sum
+// of w_j * z_j over the tile to `weighted_sum`.
+template <int R, bool kKeep, bool kCap = false, bool kSmooth = false,
+          typename TileT, typename KeptT = TileT>
+__device__ __forceinline__ float TileExpSum(const TileT& tile,
+                                            const RowView& view, float ref,
+                                            KeptT* kept = nullptr,
+                                            bool smoothing = false,
+                                            float* weighted_sum = nullptr) {
+  constexpr int kW = TileT::kW;
+  const float softcap = kCap ? view.softcap : 0.0f;
+  const float inv_cap = kCap ? view.inv_cap : 0.0f;
+  float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+    if (kSmooth && smoothing)
+      AddWeightedSum<kW>(x, base, view.vocab, view.weights, *weighted_sum);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      x[j] = FastExp2((x[j] - ref) * kLog2e);
+      sum_part[(r * kW + j) % 4] += x[j];
+    }
+    if constexpr (kKeep) kept->Store(r, x);
+  }
+  return (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]);
+}
+
+// This thread's statistics of one tile: its max, then the sum of exp relative
+// to it. Four independent accumulators break the dependency chains (a 16-bit
+// tile holds 64 values).
+// kOpt: soft cap, label smoothing or class weights may be on; without it they
+// are compiled out of the common case.
+// kFastSum: the exponential sum without a tie test a logit; rows whose max
+// dominates then need the exact pass (RowNeedsExactPass).
+template <typename TileT, int R, bool kOpt, bool kFastSum = false>
+__device__ __forceinline__ RowStats TileStats(const TileT& tile,
+                                              const RowView& view,
+                                              int64_t target, bool smoothing) {
+  constexpr int kW = TileT::kW;
+  const float softcap = kOpt ? view.softcap : 0.0f;
+  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  const float* weights = kOpt ? view.weights : nullptr;
+  smoothing = kOpt && smoothing;
+  constexpr int kParts = 4;
+  float max_part[kParts], sum_part[kParts];
+#pragma unroll
+  for (int i = 0; i < kParts; ++i) {
+    max_part[i] = NegInf();
+    sum_part[i] = 0.0f;
+  }
+  // A soft cap is applied on unpacking, so its tiles take the max after it.
+  bool packed = false;
+  if constexpr (TileT::kPackedMax) packed = inv_cap == 0.0f;
+  if (packed) {
+    if constexpr (TileT::kPackedMax) {
+      PackedMax<typename TileT::Element, TileT, R>(tile, max_part);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
+#pragma unroll
+      for (int j = 0; j < kW; ++j)
+        max_part[(r * kW + j) % kParts] =
+            fmaxf(max_part[(r * kW + j) % kParts], x[j]);
+    }
+  }
+  RowStats s = IdentityStats();
+  s.max =
+      fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
+  float nan_probe =
+      0.0f;  // fmaxf drops NaN; an all-NaN tile must still poison the sum
+  float ties =
+      0.0f;  // elements equal to the max: their exact 1s are counted apart
+  // kFastSum: the sum with the max's own exact 1 in it, one exponential and
+  // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
+  // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
+  if (kFastSum) {
+    s.rest = TileExpSum<R, false, kOpt>(tile, view, ExpReference(s.max)) - 1.0f;
+  } else if (s.max != NegInf()) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
+      // (x - max) first: exact for the largest terms, unlike a fused x*log2e -
+      // max*log2e, whose rounding is huge for large logits.
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        const bool tie = x[j] == s.max;
+        ties += tie ? 1.0f : 0.0f;
+        sum_part[(r * kW + j) % kParts] +=
+            tie ? 0.0f : FastExp2((x[j] - s.max) * kLog2e);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x[kW];
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
+                  inv_cap, x);
+#pragma unroll
+      for (int j = 0; j < kW; ++j) nan_probe += x[j] != x[j] ? x[j] : 0.0f;
+    }
+  }
+  const int target_in_row = TargetInRow(target, view.vocab);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    const bool holds_target =
+        static_cast<unsigned>(target_in_row - base) < static_cast<unsigned>(kW);
+    if (!holds_target && !smoothing) continue;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+    if (holds_target) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == target_in_row) s.target_logit = x[j];
+      }
+    }
+    if (smoothing)
+      AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
+  }
+  if (!kFastSum) {
+    const float others =
+        (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]) + nan_probe;
+    s.rest = s.max == NegInf() ? -1.0f + nan_probe : others + (ties - 1.0f);
+  }
+  return s;
+}
+
+// Stores the gradient of the piece at `base` (whole or the row's partial last
+// one). Ignored rows get zeros; an unvalidated out-of-range target poisons its
+// row (its loss is NaN too), as on the CPU.
+template <typename G, int kW>
+__device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
+                                               const RowCoefficients& c,
+                                               float (&g)[kW]) {
+  if (!c.valid_target) {
+    const float fill = c.ignored ? 0.0f : QuietNaN();
+#pragma unroll
+    for (int j = 0; j < kW; ++j) g[j] = fill;
+  }
+  if (base + kW <= vocab) {
+    StoreVec<G, kW>(grad_row + base, g);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      if (base + j < vocab) grad_row[base + j] = FromFloat<G>(g[j]);
+    }
+  }
+}
+
+// The gradient of one tile, written once in G.
+template <typename G, typename TileT, int R, bool kOpt>
+__device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
+                                         G* grad_row,
+                                         const GradCoefficients& gc,
+                                         const RowCoefficients& c) {
+  constexpr int kW = TileT::kW;
+  const float softcap = kOpt ? view.softcap : 0.0f;
+  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  const float* weights = kOpt ? view.weights : nullptr;
+  const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
+  const int target_in_row = TargetInRow(c.target, view.vocab);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (base >= view.vocab) continue;
+    float x[kW], g[kW];
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      // The argument is formed before the scaling by log2(e): exact for the
+      // large p.
+      g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e);
+      if (kOpt)
+        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
+    }
+    if (static_cast<unsigned>(target_in_row - base) <
+        static_cast<unsigned>(kW)) {
+      // The target's p - 1 through expm1, exact when p is near 1 (one element a
+      // row).
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == target_in_row) {
+          g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
+                 (gc.coef - gc.target_coef) -
+                 smooth_w * SmoothingWeight(weights, base + j, view.vocab);
+        }
+      }
+    }
+    if (inv_cap > 0.0f) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        const float t = x[j] * inv_cap;  // d z / d x = 1 - tanh^2
+        g[j] *= 1.0f - t * t;
+      }
+    }
+    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
+  }
+}
+
+// The fused pass without a soft cap, in one exponential a logit: each logit's
+// e = exp(x - ref) (ref: the thread's max) is kept in registers, and the
+// gradient is then p = e * exp(ref - lse), one multiply a logit. fp32 tiles
+// keep e over their own logits; 16-bit tiles unpack into a FloatTile of
+// floats (the registers an fp32 tile of the same elements takes), so their
+// gradient is rounded once, from the float p. A row whose max dominates
+// (RowNeedsExactPass) takes its exact "rest" (the sum without the max's own
+// 1) from the kept e (ExactRestFromExp). Non-finite logits give what the
+// exact pass gives (TileStats and TileGrad).
+struct ExpTileStats {
+  RowStats stats;
+  float ref;  // the thread's max (-inf: its e are all 0)
+};
+
+// R pieces of kW floats in the layout of the 16-bit tile they came from: the
+// kept exponentials of the pass without a soft cap, or the unpacked (and soft
+// capped) logits of the pass with one, so that a row is unpacked once
+// (unpacking a raw tile on each use spilled that kernel by a kilobyte).
+// Elements past the vocabulary hold -inf. Unpack ignores its soft cap, applied
+// on filling.
+template <int R, int kWidth>
+struct FloatTile {
+  static constexpr int kW = kWidth;
+  static constexpr bool kPackedMax = false;
+  using Element = float;
+  float v[R][kW];
+
+  template <typename TileT>
+  __device__ __forceinline__ void Fill(const TileT& tile, const RowView& view) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab,
+                  view.softcap, view.inv_cap, v[r]);
+  }
+  __device__ __forceinline__ void Unpack(int r, int, int, float, float,
+                                         float (&x)[kW]) const {
+    Floats(r, x);
+  }
+  __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) x[j] = v[r][j];
+  }
+  __device__ __forceinline__ void Store(int r, const float (&x)[kW]) {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) v[r][j] = x[j];
+  }
+};
+
+// The tile's statistics, its e written to `kept` (which may be the fp32 tile
+// itself: piece r is read before it is overwritten). kOpt: class weights or
+// label smoothing may be on, a soft cap may not (its gradient needs the capped
+// logits, which the kept e replace).
+template <typename TileT, int R, bool kOpt, typename KeptT>
+__device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
+                                                         const RowView& view,
+                                                         int64_t target,
+                                                         bool smoothing,
+                                                         KeptT& kept) {
+  constexpr int kW = TileT::kW;
+  static_assert(KeptT::kW == kW, "kept pieces match the tile's");
+  float max_part[4] = {NegInf(), NegInf(), NegInf(), NegInf()};
+  float target_logit = 0.0f;
+  const int target_in_row = TargetInRow(target, view.vocab);
+  if constexpr (TileT::kPackedMax) {
+    PackedMax<typename TileT::Element, TileT, R>(tile, max_part);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    const bool holds_target =
+        static_cast<unsigned>(target_in_row - base) < static_cast<unsigned>(kW);
+    if (TileT::kPackedMax && !holds_target) continue;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, 0.0f, 0.0f, x);
+    if constexpr (!TileT::kPackedMax) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j)
+        max_part[j % 4] = fmaxf(max_part[j % 4], x[j]);
+    }
+    // The target's logit, before the exponentials replace it.
+    if (holds_target) {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (base + j == target_in_row) target_logit = x[j];
+      }
+    }
+  }
+  ExpTileStats out;
+  out.stats = IdentityStats();
+  out.stats.max =
+      fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
+  out.stats.target_logit = target_logit;
+  out.ref = out.stats.max;
+  float weighted_sum = 0.0f;
+  out.stats.rest =
+      TileExpSum<R, true, false, kOpt>(tile, view, ExpReference(out.stats.max),
+                                       &kept, smoothing, &weighted_sum) -
+      1.0f;
+  out.stats.weighted_sum = weighted_sum;
+  return out;
+}
+
+// The exact "rest" of a thread whose tile holds e = exp(x - ref): the max's
+// term is the e that is exactly 1 (exp2 of an exact 0), and it and its ties
+// are counted apart from the others.
+template <typename TileT, int R>
+__device__ __forceinline__ float ExactRestFromExp(const TileT& tile,
+                                                  float thread_max) {
+  constexpr int kW = TileT::kW;
+  float others = 0.0f, ties = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float e[kW];
+    tile.Floats(r, e);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      const bool tie = e[j] == 1.0f;
+      ties += tie ? 1.0f : 0.0f;
+      others += tie ? 0.0f : e[j];
+    }
+  }
+  // A thread of only -inf has no max term (others is 0, or NaN from a NaN).
+  return thread_max == NegInf() ? others - 1.0f : others + (ties - 1.0f);
+}
+
+// The gradient of a tile whose logits were replaced by e = exp(x - ref).
+template <typename G, typename TileT, int R, bool kOpt>
+__device__ __forceinline__ void TileGradFromExp(
+    const TileT& tile, const RowView& view, float ref, G* grad_row,
+    const GradCoefficients& gc, const RowCoefficients& c, float target_logit) {
+  constexpr int kW = TileT::kW;
+  const float* weights = kOpt ? view.weights : nullptr;
+  const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
+  // p = e * exp((ref - max) - log_sum), as the exact pass has it for every
+  // row: a thread with only -inf logits has e = 0 and p = 0, unless the row's
+  // sum is NaN or all of it is -inf (p NaN); in a row with +inf logits, scale
+  // is 0, so p is NaN where e is +inf (the +inf logits) and 0 elsewhere.
+  float scale;
+  if (ref == NegInf()) {
+    scale =
+        gc.shift == NegInf() || gc.log_sum != gc.log_sum ? QuietNaN() : 0.0f;
+  } else {
+    scale = gc.coef *
+            FastExp2(((ExpReference(ref) - gc.shift) - gc.log_sum) * kLog2e);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int base = (view.first + r * view.stride) * kW;
+    if (base >= view.vocab) continue;
+    float g[kW];
+    tile.Floats(r, g);
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      g[j] *= scale;
+      if (kOpt)
+        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
+    }
+    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
+  }
+  // The target's element again, from its logit: p - 1 through expm1, exact
+  // when p is near 1. The thread that stored its piece above writes it, so
+  // the two stores are ordered.
+  if (c.valid_target) {
+    const int piece = static_cast<int>(c.target) / kW - view.first;
+    if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
+      grad_row[c.target] = FromFloat<G>(
+          gc.coef * expm1f((target_logit - gc.shift) - gc.log_sum) +
+          (gc.coef - gc.target_coef) -
+          smooth_w *
+              SmoothingWeight(weights, static_cast<int>(c.target), view.vocab));
+    }
+  }
+}
+
+// 16-byte pieces of a row a thread holds in the warp-per-row and register
+// kernels: 8 of fp32 (or 8 scalars), 4 of 16-bit logits, whose unpacked
+// floats would otherwise spill under the 64-register bound: 32 values.
+template <typename T, bool kVec>
+__host__ __device__ constexpr int PiecesPerThread() {
+  return kVec && sizeof(T) == 2 ? 4 : 8;
+}
+
+// What a row kernel does once a row's statistics are reduced: reads the scan's
+// results at the first row (so that the first row's statistics overlap the
+// scan), scales the row's coefficients for the mean, writes the loss and lse
+// (`writer`: one thread a row) and returns the gradient's coefficients.
+struct ScanState {
+  ScanResults results{};
+  bool loaded = false;
+};
+
+__device__ __forceinline__ GradCoefficients
+FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
+          const RowStats& total, bool writer, ScanState& scan) {
+  if (!scan.loaded) {
+    scan.results = LoadScanResults(args);
+    scan.loaded = true;
+  }
+  const ScanResults& r = scan.results;
+  c.ce_scale *= r.mean.ce_inv;
+  c.z_scale *= r.mean.z_inv;
+  const float log_sum = log1pf(total.rest);
+  const float lse = total.max + log_sum;
+  if (writer) WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
+  return MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
+}
+
+}  // namespace ce
+}  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_TILES_CUH_
