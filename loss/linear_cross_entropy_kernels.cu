@@ -69,9 +69,14 @@ __global__ void SliceBackwardKernel(SliceArgs args) {
         x[k] = j0 + k < args.cols ? logits[j0 + k] : 0.0f;
     }
     __syncthreads();
+    // Only the slice's own columns: the tail of the last tile lies past the
+    // slice (and, in the vocabulary's last slice, past the class weights),
+    // where there is neither a logit nor a weight to read.
     float g[kPerThread];
     for (int k = 0; k < kPerThread; ++k) {
-      g[k] = SliceGradient(args, coefficients, x[k], args.col_begin + j0 + k);
+      g[k] = j0 + k < args.cols ? SliceGradient(args, coefficients, x[k],
+                                                args.col_begin + j0 + k)
+                                : 0.0f;
     }
     if (full && args.grad_type == ce::kBF16) {
       __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]);

@@ -127,6 +127,9 @@ LCE_HOST_DEVICE inline SliceRow MakeSliceRow(const SliceArgs& args,
 }
 
 // The gradient of column `col` (of the whole vocabulary) given its logit x.
+// `col` must be a column of the slice, [col_begin, col_begin + cols), inside
+// [0, vocab): it indexes the class weights. Callers that walk a slice in
+// fixed-size tiles skip the columns past its end rather than clamp them here.
 LCE_HOST_DEVICE inline float SliceGradient(const SliceArgs& args,
                                            const SliceRow& row, float x,
                                            int64_t col) {
