@@ -84,14 +84,14 @@ absl::Status CheckDType(const Tensor& tensor,
 }
 
 absl::StatusOr<OwnedTensor> EmptyTensor(Allocator& allocator, DType dtype,
-                                        Shape shape) {
+                                        absl::Span<const int64_t> shape) {
   for (int64_t d : shape) {
     if (d < 0)
       return InvalidArgument("EmptyTensor: negative dimension in [",
                              absl::StrJoin(shape, ", "), "]");
   }
   OwnedTensor owned;
-  owned.view = Tensor::Of(nullptr, dtype, std::move(shape), allocator.device());
+  owned.view = Tensor::Of(nullptr, dtype, shape, allocator.device());
   ASSIGN_OR_RETURN(owned.buffer,
                    allocator.Allocate(owned.view.numel() * DTypeSize(dtype)));
   owned.view.data = owned.buffer.data();

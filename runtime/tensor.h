@@ -3,11 +3,11 @@
 // between host and device. OwnedTensor pairs a view with the Buffer that holds
 // its memory.
 //
-//   lossrt::Tensor logits = lossrt::Tensor::Of(ptr, lossrt::DType::kF32,
-//   {tokens, vocab},
-//                                              lossrt::Device::Cuda(0));  //
-//                                              [tokens, vocab]
+// clang-format off
+//   lossrt::Tensor logits = lossrt::Tensor::Of(ptr, lossrt::DType::kF32, {tokens, vocab},
+//                                              lossrt::Device::Cuda(0));  // [tokens, vocab]
 //   RETURN_IF_ERROR(lossrt::CheckShape(logits, {tokens, vocab}, "logits"));
+// clang-format on
 #ifndef LOSSRT_RUNTIME_TENSOR_H_
 #define LOSSRT_RUNTIME_TENSOR_H_
 
@@ -40,12 +40,17 @@ struct Tensor {
   int64_t row_stride = 0;
   Device device;
 
-  static Tensor Of(void* data, DType dtype, Shape shape, Device device,
-                   int64_t row_stride = 0) {
+  // `shape`: a braced list ({rows, cols}, {} for a scalar), a Shape or any
+  // contiguous int64_t sequence.
+  static Tensor Of(void* data, DType dtype, absl::Span<const int64_t> shape,
+                   Device device, int64_t row_stride = 0) {
     Tensor tensor;
     tensor.data = data;
     tensor.dtype = dtype;
-    tensor.shape = std::move(shape);
+    // Element by element: moving or copying a whole Shape copies its inline
+    // storage, uninitialized past size(), which GCC flags as
+    // -Wmaybe-uninitialized wherever the call is inlined.
+    tensor.shape.assign(shape.begin(), shape.end());
     tensor.device = device;
     tensor.row_stride = row_stride;
     return tensor;
@@ -96,7 +101,7 @@ struct OwnedTensor {
 
 // A contiguous tensor from `allocator` (contents undefined).
 absl::StatusOr<OwnedTensor> EmptyTensor(Allocator& allocator, DType dtype,
-                                        Shape shape);
+                                        absl::Span<const int64_t> shape);
 
 // Copies src into dst (same dtype and shape; either may be on host or device;
 // strided rows allowed). Device copies are queued on the context's stream;

@@ -20,7 +20,7 @@ Tensor HostView(Bytes& image, const Tensor& like) {
 absl::StatusOr<OwnedTensor> FromImage(Context& context, DType dtype,
                                       Shape shape, Bytes& image) {
   ASSIGN_OR_RETURN(OwnedTensor tensor,
-                   EmptyTensor(context.allocator(), dtype, std::move(shape)));
+                   EmptyTensor(context.allocator(), dtype, shape));
   RETURN_IF_ERROR(
       CopyTensor(HostView(image, tensor.view), tensor.view, context));
   RETURN_IF_ERROR(context.Synchronize());

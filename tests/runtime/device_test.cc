@@ -79,7 +79,9 @@ TEST(ParseDeviceTest, RejectsOtherTextAndQuotesIt) {
 }
 
 TEST(DeviceTest, NoGpuWithoutCuda) {
-  if (!BuiltWithCuda()) EXPECT_EQ(CudaDeviceCount(), 0);
+  if (!BuiltWithCuda()) {
+    EXPECT_EQ(CudaDeviceCount(), 0);
+  }
   EXPECT_GE(CudaDeviceCount(), 0);
 }
 

@@ -347,7 +347,9 @@ TEST(AttentionCpuMaskTest, FutureTokensDoNotChangeEarlierOutputs) {
         }
         for (int64_t h = 0; h < s.heads; ++h) {
           const int64_t at = (b * s.heads + h) * s.seq + t;
-          if (t < kChanged) EXPECT_EQ(lse0[at], lse1[at]);
+          if (t < kChanged) {
+            EXPECT_EQ(lse0[at], lse1[at]);
+          }
         }
       }
     }
