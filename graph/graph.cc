@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/nodes.h"
 #include "graph/ops/elementwise.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -24,10 +25,6 @@ namespace {
 // every view is aligned for vector loads and cuBLASLt.
 constexpr int64_t kParameterAlignment = 128;
 constexpr int64_t kArenaAlignment = 256;
-
-int64_t RoundUp(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 std::string ShapeText(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");

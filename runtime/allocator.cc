@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -16,10 +17,6 @@ namespace lossrt {
 namespace {
 
 constexpr int64_t kAlignment = 256;
-
-int64_t RoundUp(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 }  // namespace
 
@@ -57,8 +54,8 @@ absl::StatusOr<Buffer> Allocator::Allocate(int64_t bytes) {
   if (bytes == 0) return buffer;
   // Small blocks round to 256 B, large ones to 2 MiB so that the cache matches
   // well.
-  const int64_t capacity =
-      RoundUp(bytes, bytes < (int64_t{1} << 20) ? kAlignment : (2 << 20));
+  const int64_t capacity = RoundUp(
+      bytes, bytes < (int64_t{1} << 20) ? kAlignment : (int64_t{2} << 20));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = free_blocks_.lower_bound(capacity);

@@ -107,8 +107,7 @@ absl::Status Fill(const Tensor& tensor, const RandomParams& params,
   }
 #ifdef LOSSRT_WITH_CUDA
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  CUDA_RETURN_IF_ERROR(LaunchFillRandom(tensor.data,
-                                        static_cast<int>(tensor.dtype),
+  CUDA_RETURN_IF_ERROR(LaunchFillRandom(tensor.data, tensor.dtype,
                                         tensor.numel(), params, stream));
   return absl::OkStatus();
 #else

@@ -6,13 +6,13 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/random_kernels.h"
 
 namespace lossrt {
 
-// Fills `count` contiguous elements of type `dtype` (a DType as int) on
-// `stream`.
-cudaError_t LaunchFillRandom(void* data, int dtype, int64_t count,
+// Fills `count` contiguous elements of type `dtype` on `stream`.
+cudaError_t LaunchFillRandom(void* data, DType dtype, int64_t count,
                              RandomParams params, cudaStream_t stream);
 
 }  // namespace lossrt

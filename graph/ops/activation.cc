@@ -13,6 +13,7 @@
 #include "graph/ops/op_checks.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/activation_cuda.h"

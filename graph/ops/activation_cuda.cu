@@ -12,17 +12,20 @@
 
 #include "graph/ops/activation_cuda.h"
 #include "graph/ops/cuda_chunks.h"
+#include "runtime/device_convert.cuh"
 
 namespace lossrt {
 namespace ops {
 namespace cuda {
 namespace {
 
-using cuda_chunks::FromFloat;
+using cuda_chunks::Aligned16;
+using cuda_chunks::ChunkBlocks;
 using cuda_chunks::kChunk;
 using cuda_chunks::LoadChunk;
 using cuda_chunks::StoreChunk;
-using cuda_chunks::ToFloat;
+using device_convert::FromFloat;
+using device_convert::ToFloat;
 
 constexpr int kThreads = 256;
 
@@ -62,14 +65,6 @@ __device__ __forceinline__ float GeluGrad(float x) {
 // 1 / (1 + exp(-g)): 0 for g -> -inf (exp overflows to inf), 1 for g -> inf.
 __device__ __forceinline__ float Sigmoid(float g) {
   return 1.0f / (1.0f + expf(-g));
-}
-
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Blocks for one thread per chunk of n elements (n <= 2^31 - 1).
-unsigned Blocks(int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  return static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
 }
 
 // The first element of the calling thread's chunk.
@@ -210,13 +205,13 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t LaunchGeluForward(const void* x, void* y, int64_t n, bool bf16,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const bool vec = Aligned(x) && Aligned(y);
+  const bool vec = Aligned16(x) && Aligned16(y);
   if (bf16) {
-    GeluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    GeluForwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), n,
         vec);
   } else {
-    GeluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    GeluForwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const float*>(x), static_cast<float*>(y), n, vec);
   }
   return cudaGetLastError();
@@ -226,14 +221,14 @@ cudaError_t LaunchGeluBackward(const void* x, const void* dy, void* dx,
                                int64_t n, bool accumulate, bool bf16,
                                cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const bool vec = Aligned(x) && Aligned(dy) && Aligned(dx);
+  const bool vec = Aligned16(x) && Aligned16(dy) && Aligned16(dx);
   if (bf16) {
-    GeluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    GeluBackwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x),
         static_cast<const __nv_bfloat16*>(dy), static_cast<__nv_bfloat16*>(dx),
         n, accumulate, vec);
   } else {
-    GeluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    GeluBackwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const float*>(x), static_cast<const float*>(dy),
         static_cast<float*>(dx), n, accumulate, vec);
   }
@@ -244,13 +239,13 @@ cudaError_t LaunchSwiGluForward(const void* x, void* y, int64_t rows,
                                 int64_t width, bool bf16, cudaStream_t stream) {
   const int64_t n = rows * width;
   if (n == 0) return cudaSuccess;
-  const bool vec = width % kChunk == 0 && Aligned(x) && Aligned(y);
+  const bool vec = width % kChunk == 0 && Aligned16(x) && Aligned16(y);
   if (bf16) {
-    SwiGluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    SwiGluForwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), n,
         width, vec);
   } else {
-    SwiGluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    SwiGluForwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const float*>(x), static_cast<float*>(y), n, width, vec);
   }
   return cudaGetLastError();
@@ -262,14 +257,14 @@ cudaError_t LaunchSwiGluBackward(const void* x, const void* dy, void* dx,
   const int64_t n = rows * width;
   if (n == 0) return cudaSuccess;
   const bool vec =
-      width % kChunk == 0 && Aligned(x) && Aligned(dy) && Aligned(dx);
+      width % kChunk == 0 && Aligned16(x) && Aligned16(dy) && Aligned16(dx);
   if (bf16) {
-    SwiGluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    SwiGluBackwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x),
         static_cast<const __nv_bfloat16*>(dy), static_cast<__nv_bfloat16*>(dx),
         n, width, accumulate, vec);
   } else {
-    SwiGluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    SwiGluBackwardKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const float*>(x), static_cast<const float*>(dy),
         static_cast<float*>(dx), n, width, accumulate, vec);
   }

@@ -13,7 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "graph/ops/op_checks.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/attention_cuda.h"
@@ -36,10 +38,6 @@ static_assert(kMaxGpuHeadDim == attention::kMaxGpuHeadDim,
 // Queries per CPU block: the score block [kCpuBlock, seq] is the CPU's scratch.
 constexpr int64_t kCpuBlock = 64;
 
-int64_t AlignUp(int64_t bytes) {
-  return (bytes + kAlign - 1) / kAlign * kAlign;
-}
-
 struct Dims {
   int64_t batch = 0;
   int64_t seq = 0;
@@ -52,9 +50,9 @@ struct Dims {
 };
 
 // The flash backward's workspace: delta [batch, heads, seq] f32, then the
-// kernels' scratch (AlignUp keeps it 256-byte aligned).
+// kernels' scratch (rounding up to kAlign keeps it 256-byte aligned).
 int64_t FlashBackwardBytes(const Dims& d) {
-  int64_t bytes = AlignUp(d.groups() * d.seq * 4);
+  int64_t bytes = RoundUp(d.groups() * d.seq * 4, kAlign);
 #ifdef LOSSRT_WITH_CUDA
   bytes +=
       attention::FlashBackwardScratchBytes(d.batch, d.seq, d.heads, d.head_dim);
@@ -70,10 +68,10 @@ absl::StatusOr<Dims> CheckDims(const Tensor& qkv, int64_t batch, int64_t seq,
         "attention: batch, seq and heads must be >= 1, got batch ", batch,
         ", seq ", seq, ", heads ", heads);
   }
-  if (batch > kMaxElements || seq > kMaxElements || heads > kMaxElements ||
-      batch * seq > kMaxElements) {
+  if (batch > kMaxKernelElements || seq > kMaxKernelElements ||
+      heads > kMaxKernelElements || batch * seq > kMaxKernelElements) {
     return InvalidArgument("attention: batch ", batch, " x seq ", seq,
-                           " exceeds the ops' limit of ", kMaxElements,
+                           " exceeds the ops' limit of ", kMaxKernelElements,
                            " rows");
   }
   if (qkv.rank() != 2) {
@@ -141,7 +139,7 @@ int64_t CpuWorkspaceBytes(DType dtype, int64_t seq) {
   const int64_t size = DTypeSize(dtype);
   // The backward's probabilities and their gradient, [kCpuBlock, seq] each
   // (the forward takes the first).
-  return 2 * AlignUp(kCpuBlock * seq * size);
+  return 2 * RoundUp(kCpuBlock * seq * size, kAlign);
 }
 
 // ---------------------------------------------------------------------------
@@ -206,7 +204,8 @@ void BackwardCpu(const Dims& d, const T* qkv, const T* out, const T* lse,
   const int64_t ld = 3 * d.channels;
   const T scale = T(1) / std::sqrt(static_cast<T>(d.head_dim));
   T* probs_data = scratch;
-  T* dprobs_data = scratch + AlignUp(kCpuBlock * d.seq * sizeof(T)) / sizeof(T);
+  constexpr int64_t kSize = sizeof(T);
+  T* dprobs_data = scratch + RoundUp(kCpuBlock * d.seq * kSize, kAlign) / kSize;
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t h = 0; h < d.heads; ++h) {
       const int64_t qkv_offset = b * d.seq * ld + h * d.head_dim;
@@ -302,14 +301,14 @@ struct CublasPlan {
 CublasPlan MakeCublasPlan(const Dims& d, DType dtype, int64_t budget) {
   const int64_t act = DTypeSize(dtype);
   CublasPlan plan;
-  plan.ld = (d.seq + 7) / 8 * 8;
+  plan.ld = RoundUp(d.seq, int64_t{8});
   plan.matrix = d.seq * plan.ld;
   // The backward's buffers are the larger: size the chunk by them.
   const int64_t pair_bytes = plan.matrix * (2 * 4 + 2 * act);
   plan.chunk = std::max<int64_t>(1, std::min(d.groups(), budget / pair_bytes));
-  plan.delta_bytes = AlignUp(d.groups() * d.seq * 4);
-  plan.buffer_f32 = AlignUp(plan.chunk * plan.matrix * 4);
-  plan.buffer_act = AlignUp(plan.chunk * plan.matrix * act);
+  plan.delta_bytes = RoundUp(d.groups() * d.seq * 4, kAlign);
+  plan.buffer_f32 = RoundUp(plan.chunk * plan.matrix * 4, kAlign);
+  plan.buffer_act = RoundUp(plan.chunk * plan.matrix * act, kAlign);
   plan.forward_bytes = plan.buffer_f32 + plan.buffer_act;
   plan.backward_bytes =
       plan.delta_bytes + 2 * plan.buffer_f32 + 2 * plan.buffer_act;
@@ -652,7 +651,7 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   if (flash) {
-    const int64_t delta_bytes = AlignUp(d.groups() * d.seq * 4);
+    const int64_t delta_bytes = RoundUp(d.groups() * d.seq * 4, kAlign);
     ASSIGN_OR_RETURN(void* workspace, context.Workspace(FlashBackwardBytes(d)));
     float* delta = static_cast<float*>(workspace);  // [batch, heads, seq]
     CUDA_RETURN_IF_ERROR(attention::LaunchDelta(
@@ -693,9 +692,10 @@ int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
                                       int64_t head_dim,
                                       const CausalAttentionOptions& options) {
   if (batch < 1 || seq < 1 || heads < 1 || head_dim < 1 ||
-      batch > kMaxElements || seq > kMaxElements || heads > kMaxElements ||
-      head_dim > kMaxElements || batch * seq > kMaxElements ||
-      heads * head_dim > kMaxElements || options.cublas_chunk_bytes < 1) {
+      batch > kMaxKernelElements || seq > kMaxKernelElements ||
+      heads > kMaxKernelElements || head_dim > kMaxKernelElements ||
+      batch * seq > kMaxKernelElements ||
+      heads * head_dim > kMaxKernelElements || options.cublas_chunk_bytes < 1) {
     return 0;
   }
   if (device.is_cpu()) return CpuWorkspaceBytes(dtype, seq);

@@ -9,6 +9,8 @@
 
 #include "graph/ops/attention_cuda.h"
 #include "graph/ops/cuda_chunks.h"
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
@@ -18,8 +20,8 @@ namespace {
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 8;
 
-using cuda_chunks::FromFloat;
-using cuda_chunks::ToFloat;
+using device_convert::FromFloat;
+using device_convert::ToFloat;
 
 // One warp per (row, head): the dot product of d_out and out over head_dim.
 template <typename T>
@@ -87,7 +89,7 @@ cudaError_t LaunchDeltaVec(const T* out, const T* d_out, int64_t items,
                            float* delta, cudaStream_t stream) {
   const int64_t threads = 256;
   const unsigned blocks =
-      static_cast<unsigned>((items * pieces_per_item + threads - 1) / threads);
+      static_cast<unsigned>(CeilDiv(items * pieces_per_item, threads));
   switch (pieces_per_item) {
 #define LOSSRT_DELTA_CASE(G)                                                 \
   case G:                                                                    \
@@ -182,15 +184,13 @@ __global__ void SoftmaxBackwardKernel(const float* __restrict__ scores,
   }
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
 cudaError_t LaunchDelta(const void* out, const void* d_out, bool bf16,
                         int64_t batch, int64_t seq, int64_t heads,
                         int64_t head_dim, float* delta, cudaStream_t stream) {
   const int64_t rows = batch * seq;
-  const int64_t blocks = CeilDiv(rows * heads, kWarpsPerBlock);
+  const int64_t blocks = CeilDiv<int64_t>(rows * heads, kWarpsPerBlock);
   if (blocks == 0) return cudaSuccess;
   const int vec = bf16 ? 8 : 4;  // elements in 16 bytes
   const int64_t pieces = head_dim / vec;
@@ -225,7 +225,7 @@ cudaError_t LaunchCausalSoftmax(const float* scores, int64_t ld, void* probs,
                                 bool bf16, float* lse, int64_t groups,
                                 int64_t seq, cudaStream_t stream) {
   const int64_t rows = groups * seq;
-  const int64_t blocks = CeilDiv(rows, kWarpsPerBlock);
+  const int64_t blocks = CeilDiv<int64_t>(rows, kWarpsPerBlock);
   if (blocks == 0) return cudaSuccess;
   if (bf16) {
     CausalSoftmaxKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,

@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "graph/ops/attention_cuda.h"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* v_tile = k_tile + kFwdBlockK * kStride;  // [kFwdBlockK, kStride]
 
   // The last query blocks see the most keys: they are scheduled first.
-  const int num_q_blocks = (p.seq + kFwdBlockQ - 1) / kFwdBlockQ;
+  const int num_q_blocks = CeilDiv(p.seq, kFwdBlockQ);
   const int q_block =
       num_q_blocks - 1 - static_cast<int>(blockIdx.x) / p.batch_heads;
   const int bh = static_cast<int>(blockIdx.x) % p.batch_heads;
@@ -361,8 +362,8 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* k_src = q_src + p.channels;
   const bf16* v_src = q_src + 2 * p.channels;
   // Key blocks up to the one holding the block's last query.
-  const int num_k_blocks = min((p.seq + kFwdBlockK - 1) / kFwdBlockK,
-                               (q0 + kFwdBlockQ - 1) / kFwdBlockK + 1);
+  const int num_k_blocks =
+      min(CeilDiv(p.seq, kFwdBlockK), (q0 + kFwdBlockQ - 1) / kFwdBlockK + 1);
 
   LoadTile<kFwdBlockQ, kD>(q_tile, q_src, p.ld_qkv, q0, p.seq, p.head_dim);
   CpAsyncCommit();
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* k_tiles = do_tile + kDqBlockQ * kStride;  // [2][kBlockK, kStride]
   bf16* v_tiles = k_tiles + 2 * kKvTile;          // [2][kBlockK, kStride]
 
-  const int num_q_blocks = (p.seq + kDqBlockQ - 1) / kDqBlockQ;
+  const int num_q_blocks = CeilDiv(p.seq, kDqBlockQ);
   const int q_block =
       num_q_blocks - 1 - static_cast<int>(blockIdx.x) / p.batch_heads;
   const int bh = static_cast<int>(blockIdx.x) % p.batch_heads;
@@ -527,7 +528,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* do_src = p.d_out + static_cast<int64_t>(b) * p.seq * p.channels +
                        static_cast<int64_t>(h) * p.head_dim;
   const int num_k_blocks =
-      min((p.seq + kBlockK - 1) / kBlockK, (q0 + kDqBlockQ - 1) / kBlockK + 1);
+      min(CeilDiv(p.seq, kBlockK), (q0 + kDqBlockQ - 1) / kBlockK + 1);
 
   LoadTile<kDqBlockQ, kD>(q_tile, q_src, p.ld_qkv, q0, p.seq, p.head_dim);
   LoadTile<kDqBlockQ, kD>(do_tile, do_src, p.channels, q0, p.seq, p.head_dim);
@@ -693,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, kStoreDs ? 3 : 1)
   // Query blocks from the one holding key k0 (kDkvBlockK is a multiple of
   // kBlockQ, so it starts at k0) to the end.
   const int first_q_block = k0 / kBlockQ;
-  const int num_q_blocks = (p.seq + kBlockQ - 1) / kBlockQ;
+  const int num_q_blocks = CeilDiv(p.seq, kBlockQ);
 
   LoadTile<kDkvBlockK, kD>(k_tile, k_src, p.ld_qkv, k0, p.seq, p.head_dim);
   LoadTile<kDkvBlockK, kD>(v_tile, v_src, p.ld_qkv, k0, p.seq, p.head_dim);
@@ -843,7 +844,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* k_tiles = ds_tiles + 2 * kDsTile * kDsStride;  // [2][kDsTile, kStride]
 
   // The last query blocks have the most key blocks: they are scheduled first.
-  const int num_q_blocks = (p.seq + kDsTile - 1) / kDsTile;
+  const int num_q_blocks = CeilDiv(p.seq, kDsTile);
   const int q_block =
       num_q_blocks - 1 - static_cast<int>(blockIdx.x) / p.batch_heads;
   const int bh = static_cast<int>(blockIdx.x) % p.batch_heads;
@@ -939,7 +940,7 @@ int PaddedHeadDim(int64_t head_dim) {
 // dS bytes of one (batch, head): a bf16 tile per (key block, query block)
 // pair of the causal triangle.
 int64_t DsBytesPerHead(int64_t seq) {
-  const int64_t blocks = (seq + kDsTile - 1) / kDsTile;
+  const int64_t blocks = CeilDiv<int64_t>(seq, kDsTile);
   return DsTileIndex(static_cast<int>(blocks), 0) * kDsTile * kDsTile *
          static_cast<int64_t>(sizeof(bf16));
 }
@@ -974,8 +975,7 @@ cudaError_t Launch(Kernel kernel, int smem_bytes, int64_t blocks,
 template <int kD>
 cudaError_t ForwardFor(const Problem& p, cudaStream_t stream) {
   const int64_t blocks =
-      static_cast<int64_t>((p.seq + kFwdBlockQ - 1) / kFwdBlockQ) *
-      p.batch_heads;
+      static_cast<int64_t>(CeilDiv(p.seq, kFwdBlockQ)) * p.batch_heads;
   return Launch(FlashForwardKernel<kD>, ForwardSmemBytes<kD>(), blocks, p,
                 stream);
 }
@@ -983,8 +983,7 @@ cudaError_t ForwardFor(const Problem& p, cudaStream_t stream) {
 template <int kD>
 cudaError_t BackwardFor(const Problem& p, cudaStream_t stream) {
   const int64_t key_blocks =
-      static_cast<int64_t>((p.seq + kDkvBlockK - 1) / kDkvBlockK) *
-      p.batch_heads;
+      static_cast<int64_t>(CeilDiv(p.seq, kDkvBlockK)) * p.batch_heads;
   if (p.ds != nullptr) {
     if constexpr (kD <= 64) {
       // dK, dV and dS, then dQ from dS.
@@ -1005,7 +1004,7 @@ cudaError_t BackwardFor(const Problem& p, cudaStream_t stream) {
              DkvSmemBytes<kD, kInner>(), key_blocks, p, stream);
   if (error != cudaSuccess) return error;
   const int64_t query_blocks =
-      static_cast<int64_t>((p.seq + kDqBlockQ - 1) / kDqBlockQ) * p.batch_heads;
+      static_cast<int64_t>(CeilDiv(p.seq, kDqBlockQ)) * p.batch_heads;
   return Launch(FlashBackwardDqKernel<kD, kInner>, DqSmemBytes<kD, kInner>(),
                 query_blocks, p, stream);
 }

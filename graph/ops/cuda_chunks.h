@@ -1,14 +1,17 @@
-// Device helpers shared by the CUDA kernels of the graph's ops and optimizer:
-// f64/f32/bf16 conversions, 8-element chunks read and written as whole
-// 16-byte vectors where alignment allows, and single 16-byte vectors read as
-// floats. Internal; included by .cu files only.
+// Device helpers shared by the CUDA kernels of the graph's ops: 8-element
+// chunks read and written as whole 16-byte vectors where alignment allows,
+// single 16-byte vectors read as floats, and the grid of one thread per chunk.
+// The element conversions are runtime/device_convert.cuh's. Internal to
+// //graph/ops; included by .cu files only.
 #ifndef LOSSRT_GRAPH_OPS_CUDA_CHUNKS_H_
 #define LOSSRT_GRAPH_OPS_CUDA_CHUNKS_H_
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
+
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
@@ -17,26 +20,16 @@ namespace cuda_chunks {
 // Elements per thread: one 16-byte vector of bf16, two of f32, four of f64.
 constexpr int kChunk = 8;
 
-// Value conversions between f64, f32 and bf16; bf16 goes through f32 both
-// ways (as runtime/dtype.h does on the host).
-template <typename To, typename From>
-__device__ __forceinline__ To Convert(From value) {
-  if constexpr (std::is_same_v<From, __nv_bfloat16>) {
-    return static_cast<To>(__bfloat162float(value));
-  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
-    return __float2bfloat16_rn(static_cast<float>(value));
-  } else {
-    return static_cast<To>(value);
-  }
+// Whether p is 16-byte aligned, so that whole chunks move as 16-byte vectors.
+inline bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-template <typename T>
-__device__ __forceinline__ float ToFloat(T value) {
-  return Convert<float>(value);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float value) {
-  return Convert<T>(value);
+// Blocks of `threads` threads for one thread per chunk of n elements (n <=
+// 2^31 - 1, so at most 2^28 / threads blocks).
+inline unsigned ChunkBlocks(int64_t n, int threads) {
+  return static_cast<unsigned>(
+      CeilDiv<int64_t>(CeilDiv<int64_t>(n, kChunk), threads));
 }
 
 // Elements [i, i + kChunk) of p below n, converted to A (0 past n). `vec`: p
@@ -54,11 +47,12 @@ __device__ __forceinline__ void LoadChunk(const T* p, int64_t i, int64_t n,
     }
     const T* elements = reinterpret_cast<const T*>(raw);
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) v[k] = Convert<A>(elements[k]);
+    for (int k = 0; k < kChunk; ++k)
+      v[k] = device_convert::Convert<A>(elements[k]);
   } else {
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      v[k] = i + k < n ? Convert<A>(p[i + k]) : A(0);
+      v[k] = i + k < n ? device_convert::Convert<A>(p[i + k]) : A(0);
     }
   }
 }
@@ -72,7 +66,7 @@ __device__ __forceinline__ void LoadVectorAsFloats(const T* p,
   const T* elements = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int k = 0; k < static_cast<int>(16 / sizeof(T)); ++k)
-    v[k] = ToFloat(elements[k]);
+    v[k] = device_convert::ToFloat(elements[k]);
 }
 
 // Stores the elements of v below n at p[i...], rounded to T.
@@ -84,7 +78,8 @@ __device__ __forceinline__ void StoreChunk(T* p, int64_t i, int64_t n, bool vec,
     uint4 raw[kWords];
     T* elements = reinterpret_cast<T*>(raw);
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) elements[k] = Convert<T>(v[k]);
+    for (int k = 0; k < kChunk; ++k)
+      elements[k] = device_convert::Convert<T>(v[k]);
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       reinterpret_cast<uint4*>(p + i)[w] = raw[w];
@@ -92,7 +87,7 @@ __device__ __forceinline__ void StoreChunk(T* p, int64_t i, int64_t n, bool vec,
   } else {
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      if (i + k < n) p[i + k] = Convert<T>(v[k]);
+      if (i + k < n) p[i + k] = device_convert::Convert<T>(v[k]);
     }
   }
 }

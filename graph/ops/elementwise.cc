@@ -12,6 +12,7 @@
 #include "graph/ops/op_checks.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/elementwise_cuda.h"
@@ -87,19 +88,6 @@ void AccumulateCpu(const S* src, D* dst, int64_t n, bool accumulate) {
     Narrow(value, &dst[i]);
   }
 }
-
-#ifdef LOSSRT_WITH_CUDA
-cuda::ElementType ToElementType(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return cuda::ElementType::kBF16;
-    case DType::kF64:
-      return cuda::ElementType::kF64;
-    default:
-      return cuda::ElementType::kF32;
-  }
-}
-#endif
 
 absl::Status NoCuda(const char* op) {
   return absl::UnavailableError(
@@ -179,9 +167,8 @@ absl::Status AccumulateInto(Context& context, const Tensor& src,
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  CUDA_RETURN_IF_ERROR(
-      cuda::LaunchAccumulate(src.data, ToElementType(src.dtype), dst.data,
-                             ToElementType(dst.dtype), n, accumulate, stream));
+  CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulate(
+      src.data, src.dtype, dst.data, dst.dtype, n, accumulate, stream));
   return absl::OkStatus();
 #else
   return NoCuda("AccumulateInto");

@@ -17,20 +17,13 @@ namespace ops {
 namespace cuda {
 namespace {
 
+using cuda_chunks::Aligned16;
+using cuda_chunks::ChunkBlocks;
 using cuda_chunks::kChunk;
 using cuda_chunks::LoadChunk;
 using cuda_chunks::StoreChunk;
 
 constexpr int kThreads = 256;
-
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Blocks for one thread per chunk of n elements (n <= 2^31 - 1, so at most
-// 2^20 blocks).
-unsigned Blocks(int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  return static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
-}
 
 // No __restrict__: y may be a or b (each element is read before it is written,
 // by the same thread).
@@ -74,24 +67,25 @@ cudaError_t Accumulate(const void* src, void* dst, int64_t n, bool accumulate,
   using A =
       std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>,
                          double, float>;
-  const bool vec = Aligned(src) && Aligned(dst);
-  AccumulateKernel<S, D, A><<<Blocks(n), kThreads, 0, stream>>>(
+  const bool vec = Aligned16(src) && Aligned16(dst);
+  AccumulateKernel<S, D, A><<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
       static_cast<const S*>(src), static_cast<D*>(dst), n, accumulate, vec);
   return cudaGetLastError();
 }
 
 template <typename S>
-cudaError_t AccumulateFrom(const void* src, void* dst, ElementType dst_type,
+cudaError_t AccumulateFrom(const void* src, void* dst, DType dst_dtype,
                            int64_t n, bool accumulate, cudaStream_t stream) {
-  switch (dst_type) {
-    case ElementType::kF32:
+  switch (dst_dtype) {
+    case DType::kF32:
       return Accumulate<S, float>(src, dst, n, accumulate, stream);
-    case ElementType::kBF16:
+    case DType::kBF16:
       return Accumulate<S, __nv_bfloat16>(src, dst, n, accumulate, stream);
-    case ElementType::kF64:
+    case DType::kF64:
       return Accumulate<S, double>(src, dst, n, accumulate, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -99,34 +93,35 @@ cudaError_t AccumulateFrom(const void* src, void* dst, ElementType dst_type,
 cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n,
                       bool bf16, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const bool vec = Aligned(a) && Aligned(b) && Aligned(y);
+  const bool vec = Aligned16(a) && Aligned16(b) && Aligned16(y);
   if (bf16) {
-    AddKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    AddKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(a),
         static_cast<const __nv_bfloat16*>(b), static_cast<__nv_bfloat16*>(y), n,
         vec);
   } else {
-    AddKernel<<<Blocks(n), kThreads, 0, stream>>>(
+    AddKernel<<<ChunkBlocks(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const float*>(a), static_cast<const float*>(b),
         static_cast<float*>(y), n, vec);
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAccumulate(const void* src, ElementType src_type, void* dst,
-                             ElementType dst_type, int64_t n, bool accumulate,
+cudaError_t LaunchAccumulate(const void* src, DType src_dtype, void* dst,
+                             DType dst_dtype, int64_t n, bool accumulate,
                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  switch (src_type) {
-    case ElementType::kF32:
-      return AccumulateFrom<float>(src, dst, dst_type, n, accumulate, stream);
-    case ElementType::kBF16:
-      return AccumulateFrom<__nv_bfloat16>(src, dst, dst_type, n, accumulate,
+  switch (src_dtype) {
+    case DType::kF32:
+      return AccumulateFrom<float>(src, dst, dst_dtype, n, accumulate, stream);
+    case DType::kBF16:
+      return AccumulateFrom<__nv_bfloat16>(src, dst, dst_dtype, n, accumulate,
                                            stream);
-    case ElementType::kF64:
-      return AccumulateFrom<double>(src, dst, dst_type, n, accumulate, stream);
+    case DType::kF64:
+      return AccumulateFrom<double>(src, dst, dst_dtype, n, accumulate, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace cuda

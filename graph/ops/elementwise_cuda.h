@@ -9,21 +9,21 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
+
 namespace lossrt {
 namespace ops {
 namespace cuda {
-
-// The element types the element-wise kernels read and write.
-enum class ElementType { kF32, kBF16, kF64 };
 
 // y[i] = a[i] + b[i] for f32 (bf16 false) or bf16 (bf16 true) elements; y may
 // equal a or b.
 cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n,
                       bool bf16, cudaStream_t stream);
 
-// dst[i] = src[i] or dst[i] += src[i], converting between the element types.
-cudaError_t LaunchAccumulate(const void* src, ElementType src_type, void* dst,
-                             ElementType dst_type, int64_t n, bool accumulate,
+// dst[i] = src[i] or dst[i] += src[i], converting between the dtypes (each
+// f32, bf16 or f64; any other is cudaErrorInvalidValue).
+cudaError_t LaunchAccumulate(const void* src, DType src_dtype, void* dst,
+                             DType dst_dtype, int64_t n, bool accumulate,
                              cudaStream_t stream);
 
 }  // namespace cuda

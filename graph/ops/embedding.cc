@@ -11,6 +11,7 @@
 #include "graph/ops/op_checks.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/embedding_cuda.h"

@@ -11,17 +11,21 @@
 
 #include "graph/ops/cuda_chunks.h"
 #include "graph/ops/embedding_cuda.h"
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
 namespace cuda {
 namespace {
 
-using cuda_chunks::FromFloat;
+using cuda_chunks::Aligned16;
+using cuda_chunks::ChunkBlocks;
 using cuda_chunks::kChunk;
 using cuda_chunks::LoadChunk;
 using cuda_chunks::StoreChunk;
-using cuda_chunks::ToFloat;
+using device_convert::FromFloat;
+using device_convert::ToFloat;
 
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
@@ -30,14 +34,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // The first element of the calling thread's chunk.
 __device__ __forceinline__ int64_t ThreadChunk() {
   return (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kChunk;
-}
-
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Blocks for one thread per chunk of n elements (n <= 2^31 - 1).
-unsigned Blocks(int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  return static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
 }
 
 // Integer atomics commute exactly, so the count is deterministic.
@@ -166,10 +162,10 @@ template <typename T>
 cudaError_t Forward(const int32_t* ids, const void* token_table,
                     const void* position_table, int64_t rows, int64_t cols,
                     int64_t seq, void* out, cudaStream_t stream) {
-  const bool vec = cols % kChunk == 0 && Aligned(token_table) &&
-                   (position_table == nullptr || Aligned(position_table)) &&
-                   Aligned(out);
-  ForwardKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
+  const bool vec = cols % kChunk == 0 && Aligned16(token_table) &&
+                   (position_table == nullptr || Aligned16(position_table)) &&
+                   Aligned16(out);
+  ForwardKernel<<<ChunkBlocks(rows * cols, kThreads), kThreads, 0, stream>>>(
       ids, static_cast<const T*>(token_table),
       static_cast<const T*>(position_table), rows, cols, seq,
       static_cast<T*>(out), vec);
@@ -182,15 +178,15 @@ cudaError_t Backward(const int32_t* ids, const void* d_out, int64_t rows,
                      float* d_position_table, cudaStream_t stream) {
   const T* grad = static_cast<const T*>(d_out);
   const bool vec =
-      cols % kChunk == 0 && Aligned(d_out) && Aligned(d_token_table);
-  TokenGradKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
+      cols % kChunk == 0 && Aligned16(d_out) && Aligned16(d_token_table);
+  TokenGradKernel<<<ChunkBlocks(rows * cols, kThreads), kThreads, 0, stream>>>(
       ids, grad, rows, cols, d_token_table, vec);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess || d_position_table == nullptr) return error;
   const int64_t slab = seq * cols;
   const bool slab_vec =
-      slab % kChunk == 0 && Aligned(d_out) && Aligned(d_position_table);
-  PositionGradKernel<<<Blocks(slab), kThreads, 0, stream>>>(
+      slab % kChunk == 0 && Aligned16(d_out) && Aligned16(d_position_table);
+  PositionGradKernel<<<ChunkBlocks(slab, kThreads), kThreads, 0, stream>>>(
       grad, rows / seq, slab, d_position_table, slab_vec);
   return cudaGetLastError();
 }
@@ -204,7 +200,7 @@ cudaError_t LaunchCountInvalidIds(const int32_t* ids, int64_t rows,
   if (error != cudaSuccess || rows == 0) return error;
   // A grid-stride loop: a few hundred blocks read any number of ids.
   const int64_t blocks =
-      std::min<int64_t>((rows + kThreads - 1) / kThreads, 512);
+      std::min<int64_t>(CeilDiv<int64_t>(rows, kThreads), 512);
   CountInvalidKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       ids, rows, vocab, invalid);
   return cudaGetLastError();

@@ -7,6 +7,7 @@
 #include "graph/ops/activation.h"
 #include "graph/ops/op_checks.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/linear_cuda.h"

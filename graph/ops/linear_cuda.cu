@@ -6,6 +6,8 @@
 
 #include "graph/ops/cuda_chunks.h"
 #include "graph/ops/linear_cuda.h"
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
@@ -16,7 +18,7 @@ constexpr int kRowLanes = 16;
 constexpr int kRowsPerChunk = 256;
 constexpr int kMaxChunks = 128;
 
-using cuda_chunks::ToFloat;
+using device_convert::ToFloat;
 
 // Block (x, y) sums columns [32 x, 32 x + 32) over the rows of chunk y:
 // thread (c, lane) takes rows lane, lane + 16, ... of the chunk (consecutive c
@@ -109,7 +111,7 @@ __global__ void AddChunkSumsKernel(const float* __restrict__ scratch,
 
 int RowsPerChunk(int64_t rows) {
   const int64_t per_chunk =
-      std::max<int64_t>(kRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+      std::max<int64_t>(kRowsPerChunk, CeilDiv<int64_t>(rows, kMaxChunks));
   return static_cast<int>(per_chunk);
 }
 
@@ -119,16 +121,15 @@ void LaunchColumnSumChunks(const T* values, int rows, int cols, int per_chunk,
                            int chunks, float* scratch, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   if (cols % kVec == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0) {
-    const dim3 grid(static_cast<unsigned>((cols / kVec + kColumnsPerBlock - 1) /
-                                          kColumnsPerBlock),
-                    static_cast<unsigned>(chunks));
+    const dim3 grid(
+        static_cast<unsigned>(CeilDiv(cols / kVec, kColumnsPerBlock)),
+        static_cast<unsigned>(chunks));
     ColumnSumChunksVecKernel<<<grid, dim3(kColumnsPerBlock, kVecRowLanes), 0,
                                stream>>>(values, rows, cols, per_chunk,
                                          scratch);
   } else {
-    const dim3 grid(
-        static_cast<unsigned>((cols + kColumnsPerBlock - 1) / kColumnsPerBlock),
-        static_cast<unsigned>(chunks));
+    const dim3 grid(static_cast<unsigned>(CeilDiv(cols, kColumnsPerBlock)),
+                    static_cast<unsigned>(chunks));
     ColumnSumChunksKernel<<<grid, dim3(kColumnsPerBlock, kRowLanes), 0,
                             stream>>>(values, rows, cols, per_chunk, scratch);
   }
@@ -138,7 +139,7 @@ void LaunchColumnSumChunks(const T* values, int rows, int cols, int per_chunk,
 
 int64_t ColumnSumChunks(int64_t rows) {
   const int per_chunk = RowsPerChunk(rows);
-  return std::max<int64_t>(1, (rows + per_chunk - 1) / per_chunk);
+  return std::max<int64_t>(1, CeilDiv<int64_t>(rows, per_chunk));
 }
 
 cudaError_t LaunchAddColumnSums(const void* values, bool bf16, int64_t rows,
@@ -157,7 +158,7 @@ cudaError_t LaunchAddColumnSums(const void* values, bool bf16, int64_t rows,
                           per_chunk, chunks, scratch, stream);
   }
   const int threads = 256;
-  AddChunkSumsKernel<<<static_cast<unsigned>((cols + threads - 1) / threads),
+  AddChunkSumsKernel<<<static_cast<unsigned>(CeilDiv<int64_t>(cols, threads)),
                        threads, 0, stream>>>(scratch, chunks,
                                              static_cast<int>(cols), sums);
   return cudaGetLastError();

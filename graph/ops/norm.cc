@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "graph/ops/op_checks.h"
 #include "runtime/dtype.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/norm_cuda.h"
@@ -38,7 +40,7 @@ constexpr int64_t kMaxBackwardBlocksPerSm = 16;
 constexpr int64_t kFallbackSms = 256;
 
 int64_t MaxBackwardBlocks(int64_t rows) {
-  return (rows + kMinRowsPerBackwardBlock - 1) / kMinRowsPerBackwardBlock;
+  return CeilDiv(rows, kMinRowsPerBackwardBlock);
 }
 
 absl::Status CheckEps(float eps) {

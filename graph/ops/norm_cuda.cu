@@ -22,19 +22,21 @@
 
 #include "graph/ops/cuda_chunks.h"
 #include "graph/ops/norm_cuda.h"
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ops {
 namespace cuda {
 namespace {
 
-using cuda_chunks::FromFloat;
-using cuda_chunks::ToFloat;
+using cuda_chunks::Aligned16;
+using cuda_chunks::kChunk;
+using device_convert::FromFloat;
+using device_convert::ToFloat;
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-// Elements per lane access: one 16-byte vector of bf16, two of f32.
-constexpr int kChunk = 8;
 // Chunks per lane the warp path holds in registers: up to 32 * 8 * 8 = 2048
 // columns (GPT-2 XL's 1600 included).
 constexpr int kMaxChunksPerLane = 8;
@@ -415,13 +417,11 @@ __global__ void __launch_bounds__(kSumColumns* kSumRows)
   }
 }
 
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Chunks per lane of the warp path for `cols` (rounded up to an instantiated
 // count), or 0 when the block path must run.
 int ChunksPerLane(int64_t cols) {
   if (cols % kChunk != 0) return 0;
-  const int64_t per_lane = (cols / kChunk + kWarpSize - 1) / kWarpSize;
+  const int64_t per_lane = CeilDiv<int64_t>(cols / kChunk, kWarpSize);
   if (per_lane > kMaxChunksPerLane) return 0;
   for (int instantiated : {1, 2, 3, 4, 6, 8}) {
     if (per_lane <= instantiated) return instantiated;
@@ -436,11 +436,11 @@ cudaError_t Forward(const NormForwardArgs& args, cudaStream_t stream) {
   const T* beta = static_cast<const T*>(args.beta);
   T* y = static_cast<T*>(args.y);
   const int cols = static_cast<int>(args.cols);
-  const bool aligned = Aligned(x) && Aligned(gamma) && Aligned(y) &&
-                       (beta == nullptr || Aligned(beta));
+  const bool aligned = Aligned16(x) && Aligned16(gamma) && Aligned16(y) &&
+                       (beta == nullptr || Aligned16(beta));
   const int cpl = aligned ? ChunksPerLane(args.cols) : 0;
   const unsigned warp_blocks =
-      static_cast<unsigned>((args.rows + kForwardWarps - 1) / kForwardWarps);
+      static_cast<unsigned>(CeilDiv<int64_t>(args.rows, kForwardWarps));
 #define LOSSRT_NORM_FORWARD_WARP(kCpl)                               \
   case kCpl:                                                         \
     ForwardWarpKernel<T, kCpl, kRms>                                 \
@@ -468,8 +468,8 @@ cudaError_t Forward(const NormForwardArgs& args, cudaStream_t stream) {
 // or 0 for the block path.
 template <typename T>
 int BackwardChunksPerLane(const NormBackwardArgs& args) {
-  const bool aligned = Aligned(args.x) && Aligned(args.gamma) &&
-                       Aligned(args.dy) && Aligned(args.dx);
+  const bool aligned = Aligned16(args.x) && Aligned16(args.gamma) &&
+                       Aligned16(args.dy) && Aligned16(args.dx);
   return aligned ? ChunksPerLane(args.cols) : 0;
 }
 
@@ -534,7 +534,7 @@ cudaError_t Backward(const NormBackwardArgs& args, cudaStream_t stream) {
 #undef LOSSRT_NORM_BACKWARD_WARP
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
-  const dim3 sum_grid((cols + kSumColumns - 1) / kSumColumns,
+  const dim3 sum_grid(CeilDiv(cols, kSumColumns),
                       partial_beta != nullptr ? 2 : 1);
   ColumnSumKernel<<<sum_grid, dim3(kSumColumns, kSumRows), 0, stream>>>(
       partial_gamma, partial_beta, args.blocks, cols, args.d_gamma,

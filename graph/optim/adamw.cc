@@ -7,9 +7,10 @@
 #include <cmath>
 #include <initializer_list>
 
-#include "graph/ops/op_checks.h"
 #include "runtime/dtype.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
+#include "runtime/tensor_checks.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/optim/adamw_cuda.h"
@@ -31,11 +32,8 @@ constexpr int64_t kMaxNormPartials = 1024;
 
 int64_t NormPartials(int64_t n) {
   if (n <= 0) return 0;
-  return std::min(kMaxNormPartials,
-                  (n + kNormElementsPerBlock - 1) / kNormElementsPerBlock);
+  return std::min(kMaxNormPartials, CeilDiv(n, kNormElementsPerBlock));
 }
-
-using ops::Named;
 
 // InvalidArgument when any two of `tensors` overlap.
 absl::Status CheckNoOverlaps(std::initializer_list<Named> tensors) {
@@ -54,10 +52,9 @@ absl::Status CheckNoOverlaps(std::initializer_list<Named> tensors) {
 absl::Status CheckMasterTensor(const Context& context, const Tensor& tensor,
                                int64_t n, absl::string_view name) {
   if (context.device().is_cpu()) {
-    return ops::CheckTensor(context, tensor, {n}, {DType::kF32, DType::kF64},
-                            name);
+    return CheckTensor(context, tensor, {n}, {DType::kF32, DType::kF64}, name);
   }
-  return ops::CheckTensor(context, tensor, {n}, {DType::kF32}, name);
+  return CheckTensor(context, tensor, {n}, {DType::kF32}, name);
 }
 
 // norm: [] or [1], f32 (or f64 for f64 gradients), on the context's device.
@@ -81,7 +78,7 @@ absl::Status CheckNorm(const Context& context, const Tensor& norm,
 }
 
 // Gradients of any shape: contiguous, on the device, a master dtype, at most
-// ops::kMaxElements elements. Returns their count.
+// kMaxKernelElements elements. Returns their count.
 absl::StatusOr<int64_t> CheckGrads(const Context& context,
                                    const Tensor& grads) {
   if (grads.device != context.device()) {
@@ -101,10 +98,10 @@ absl::StatusOr<int64_t> CheckGrads(const Context& context,
     return InvalidArgument("grads must be contiguous: ", grads.ShapeString());
   }
   const int64_t n = grads.numel();
-  if (n > ops::kMaxElements) {
+  if (n > kMaxKernelElements) {
     return InvalidArgument("grads has ", n,
                            " elements, more than the limit of ",
-                           ops::kMaxElements);
+                           kMaxKernelElements);
   }
   if (n > 0 && grads.data == nullptr)
     return InvalidArgument("grads has no data");
@@ -144,18 +141,18 @@ absl::Status CheckState(const Context& context, const AdamWState& state,
   const int64_t n = params.dim(0);
   for (const Named& named : {Named{&state.grads, "grads"}, Named{&state.m, "m"},
                              Named{&state.v, "v"}}) {
-    RETURN_IF_ERROR(ops::CheckTensor(context, *named.tensor, {n},
-                                     {params.dtype}, named.name));
+    RETURN_IF_ERROR(
+        CheckTensor(context, *named.tensor, {n}, {params.dtype}, named.name));
   }
   const Tensor* copy =
       state.compute_copy.has_value() ? &*state.compute_copy : nullptr;
   if (copy != nullptr) {
     if (context.device().is_cpu()) {
-      RETURN_IF_ERROR(ops::CheckTensor(
-          context, *copy, {n}, {DType::kF32, DType::kF64}, "compute_copy"));
+      RETURN_IF_ERROR(CheckTensor(context, *copy, {n},
+                                  {DType::kF32, DType::kF64}, "compute_copy"));
     } else {
-      RETURN_IF_ERROR(ops::CheckTensor(
-          context, *copy, {n}, {DType::kF32, DType::kBF16}, "compute_copy"));
+      RETURN_IF_ERROR(CheckTensor(context, *copy, {n},
+                                  {DType::kF32, DType::kBF16}, "compute_copy"));
     }
   }
   if (state.decay_count < 0 || state.decay_count > n) {
@@ -296,7 +293,7 @@ void StepCpu(const AdamWState& state, const StepConstants& constants,
 int64_t AdamWWorkspaceBytes(const Device& device, int64_t n) {
   if (device.is_cpu()) return 0;
   const int64_t bytes = NormPartials(n) * static_cast<int64_t>(sizeof(double));
-  return (bytes + kAlign - 1) / kAlign * kAlign;
+  return RoundUp(bytes, kAlign);
 }
 
 absl::Status GradientNorm(Context& context, const Tensor& grads,
@@ -356,8 +353,7 @@ absl::Status AdamWStep(Context& context, const AdamWState& state,
   args.v = state.v.data_as<float>();
   if (state.compute_copy.has_value()) {
     args.compute_copy = state.compute_copy->data;
-    args.copy_type = state.compute_copy->dtype == DType::kBF16 ? CopyType::kBF16
-                                                               : CopyType::kF32;
+    args.copy_dtype = state.compute_copy->dtype;
   }
   args.norm = norm.data_as<const float>();
   args.n = n;

@@ -16,8 +16,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "graph/ops/cuda_chunks.h"
 #include "graph/optim/adamw_cuda.h"
+#include "runtime/device_convert.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace optim {
@@ -112,7 +113,7 @@ __device__ __forceinline__ float UpdateOne(const AdamWKernelArgs& a, float p,
   return __fadd_rn(p, -__fmul_rn(a.step_size, __fdiv_rn(m, denom)));
 }
 
-using ops::cuda_chunks::FromFloat;
+using device_convert::FromFloat;
 
 // C: the compute copy's element type (void: none). kVectorized: every pointer
 // is aligned for kVec-element accesses (16 bytes of f32, 8 of bf16).
@@ -183,8 +184,8 @@ cudaError_t LaunchAdamWTyped(const AdamWKernelArgs& args, cudaStream_t stream) {
       Aligned(args.params, 16) && Aligned(args.grads, 16) &&
       Aligned(args.m, 16) && Aligned(args.v, 16) &&
       (copy_bytes == 0 || Aligned(args.compute_copy, copy_bytes));
-  const int64_t threads = (args.n + kVec - 1) / kVec;
-  const int64_t blocks = (threads + kUpdateThreads - 1) / kUpdateThreads;
+  const int64_t threads = CeilDiv<int64_t>(args.n, kVec);
+  const int64_t blocks = CeilDiv<int64_t>(threads, kUpdateThreads);
   if (vectorized) {
     AdamWKernel<C, true>
         <<<static_cast<unsigned>(blocks), kUpdateThreads, 0, stream>>>(args);
@@ -212,15 +213,15 @@ cudaError_t LaunchGradNorm(const float* grads, int64_t n, double* partials,
 
 cudaError_t LaunchAdamW(const AdamWKernelArgs& args, cudaStream_t stream) {
   if (args.n == 0) return cudaSuccess;
-  switch (args.copy_type) {
-    case CopyType::kNone:
-      return LaunchAdamWTyped<void>(args, stream);
-    case CopyType::kF32:
+  if (args.compute_copy == nullptr) return LaunchAdamWTyped<void>(args, stream);
+  switch (args.copy_dtype) {
+    case DType::kF32:
       return LaunchAdamWTyped<float>(args, stream);
-    case CopyType::kBF16:
+    case DType::kBF16:
       return LaunchAdamWTyped<__nv_bfloat16>(args, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace optim

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
+
 namespace lossrt {
 namespace optim {
 
@@ -19,19 +21,16 @@ namespace optim {
 cudaError_t LaunchGradNorm(const float* grads, int64_t n, double* partials,
                            int num_partials, float* norm, cudaStream_t stream);
 
-// Where the compute copy goes, if anywhere.
-enum class CopyType { kNone, kF32, kBF16 };
-
 // Arguments of the fused update; the constants are computed on the host in
 // double and rounded to float once (the CPU backend uses the same values).
 struct AdamWKernelArgs {
-  float* params = nullptr;       // [n]
-  const float* grads = nullptr;  // [n]
-  float* m = nullptr;            // [n]
-  float* v = nullptr;            // [n]
-  void* compute_copy = nullptr;  // [n] of copy_type, or null
-  CopyType copy_type = CopyType::kNone;
-  const float* norm = nullptr;  // [1] device memory, from LaunchGradNorm
+  float* params = nullptr;         // [n]
+  const float* grads = nullptr;    // [n]
+  float* m = nullptr;              // [n]
+  float* v = nullptr;              // [n]
+  void* compute_copy = nullptr;    // [n] of copy_dtype, or null for none
+  DType copy_dtype = DType::kF32;  // f32 or bf16
+  const float* norm = nullptr;     // [1] device memory, from LaunchGradNorm
   int64_t n = 0;
   int64_t decay_count = 0;     // params [0, decay_count) are decayed
   float max_grad_norm = 0.0f;  // <= 0: no clipping
