@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
   ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Create(device));
   context->stream_ = cuda_stream;
   context->owns_stream_ = false;
+  RETURN_IF_ERROR(context->CreateDeferredErrorCount());
   return context;
 }
 
@@ -64,6 +65,7 @@ Context::~Context() {
     auto scoped = ScopedDevice::Enter(device_.ordinal);
     if (stream_ != nullptr)
       cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    if (deferred_errors_ != nullptr) cudaFreeHost(deferred_errors_);
     if (cublaslt_ != nullptr)
       cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
     if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
@@ -84,6 +86,8 @@ absl::StatusOr<void*> Context::stream() {
     stream_ = stream;
     owns_stream_ = true;
   }
+  // With the stream, so that it exists before any capture of the stream.
+  if (deferred_errors_ == nullptr) RETURN_IF_ERROR(CreateDeferredErrorCount());
 #endif
   return stream_;
 }
@@ -129,44 +133,51 @@ absl::StatusOr<void*> Context::cublaslt_workspace() {
   return cublaslt_workspace_.data();
 }
 
-absl::StatusOr<void*> Context::gemm_tuning() {
-  RETURN_IF_ERROR(RequireCuda(device_, "gemm_tuning()"));
-#ifdef LOSSRT_WITH_CUDA
-  if (gemm_tuning_ == nullptr) {
-    gemm_tuning_ = std::unique_ptr<void, void (*)(void*)>(
-        new GemmTuning,
-        [](void* tuning) { delete static_cast<GemmTuning*>(tuning); });
-  }
-#endif
-  return gemm_tuning_.get();
-}
-
 absl::Status Context::set_gemm_tuning(bool enabled) {
-  ASSIGN_OR_RETURN(void* tuning, gemm_tuning());
+  RETURN_IF_ERROR(RequireCuda(device_, "set_gemm_tuning()"));
 #ifdef LOSSRT_WITH_CUDA
-  static_cast<GemmTuning*>(tuning)->set_enabled(enabled);
+  ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(*this));
+  tuning->set_enabled(enabled);
 #else
-  (void)tuning;
   (void)enabled;
 #endif
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> Context::gemm_runner() {
-  RETURN_IF_ERROR(RequireCuda(device_, "gemm_runner()"));
+absl::Status Context::CreateDeferredErrorCount() {
 #ifdef LOSSRT_WITH_CUDA
-  if (gemm_runner_ == nullptr) {
-    ASSIGN_OR_RETURN(void* handle, cublaslt_handle());
-    ASSIGN_OR_RETURN(void* workspace, cublaslt_workspace());
-    ASSIGN_OR_RETURN(void* tuning, gemm_tuning());
-    gemm_runner_ = std::unique_ptr<void, void (*)(void*)>(
-        new GemmRunner(static_cast<cublasLtHandle_t>(handle), workspace,
-                       kCublasLtWorkspaceBytes, CUBLAS_COMPUTE_32F,
-                       static_cast<GemmTuning*>(tuning)),
-        [](void* runner) { delete static_cast<GemmRunner*>(runner); });
-  }
+  ASSIGN_OR_RETURN(ScopedDevice scoped, ScopedDevice::Enter(device_.ordinal));
+  void* count = nullptr;
+  // Mapped pinned memory: kernels write it through the same pointer (unified
+  // addressing) and the host reads it after a wait, with no copy to capture.
+  CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&count, sizeof(int64_t), cudaHostAllocMapped));
+  deferred_errors_ = static_cast<int64_t*>(count);
+  *deferred_errors_ = 0;
 #endif
-  return gemm_runner_.get();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Context::TakeDeferredErrorCount() {
+  if (device_.is_cpu() || deferred_errors_ == nullptr) return 0;
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped, ScopedDevice::Enter(device_.ordinal));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamIsCapturing(static_cast<cudaStream_t>(stream_), &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        "TakeDeferredErrorCount: the context's stream is being captured "
+        "into a CUDA graph; read the count after running the graph");
+  }
+  RETURN_IF_ERROR(Synchronize());
+  volatile int64_t* count = deferred_errors_;
+  const int64_t value = *count;
+  *count = 0;
+  return value;
+#else
+  return 0;
+#endif
 }
 
 absl::StatusOr<void*> Context::Workspace(int64_t bytes) {
@@ -174,8 +185,23 @@ absl::StatusOr<void*> Context::Workspace(int64_t bytes) {
   if (bytes > workspace_.bytes()) {
 #ifdef LOSSRT_WITH_CUDA
     // Work queued earlier may still use the old block; it goes back to the
-    // cache only after.
-    if (device_.is_cuda() && stream_ != nullptr) RETURN_IF_ERROR(Synchronize());
+    // cache only after. That wait is impossible in a capture (and the
+    // captured work would keep using the old block at every replay).
+    if (device_.is_cuda() && stream_ != nullptr) {
+      ASSIGN_OR_RETURN(ScopedDevice scoped,
+                       ScopedDevice::Enter(device_.ordinal));
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      CUDA_RETURN_IF_ERROR(
+          cudaStreamIsCapturing(static_cast<cudaStream_t>(stream_), &capture));
+      if (capture != cudaStreamCaptureStatusNone) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Workspace: growing the workspace from ", workspace_.bytes(),
+            " to ", bytes,
+            " bytes inside a CUDA graph capture; reserve it before capturing "
+            "(Context::ReserveWorkspace)"));
+      }
+      RETURN_IF_ERROR(Synchronize());
+    }
 #endif
     workspace_.Reset();
     ASSIGN_OR_RETURN(workspace_, allocator_.Allocate(bytes));
@@ -193,5 +219,39 @@ absl::Status Context::Synchronize() {
 #endif
   return absl::OkStatus();
 }
+
+#ifdef LOSSRT_WITH_CUDA
+absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "ContextGemmTuning"));
+  if (context.gemm_tuning_ == nullptr) {
+    context.gemm_tuning_ = std::unique_ptr<GemmTuning, void (*)(GemmTuning*)>(
+        new GemmTuning, [](GemmTuning* tuning) { delete tuning; });
+  }
+  return context.gemm_tuning_.get();
+}
+
+absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "ContextGemmRunner"));
+  if (context.gemm_runner_ == nullptr) {
+    ASSIGN_OR_RETURN(void* handle, context.cublaslt_handle());
+    ASSIGN_OR_RETURN(void* workspace, context.cublaslt_workspace());
+    ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(context));
+    context.gemm_runner_ = std::unique_ptr<GemmRunner, void (*)(GemmRunner*)>(
+        new GemmRunner(static_cast<cublasLtHandle_t>(handle), workspace,
+                       Context::kCublasLtWorkspaceBytes, CUBLAS_COMPUTE_32F,
+                       tuning),
+        [](GemmRunner* runner) { delete runner; });
+  }
+  return context.gemm_runner_.get();
+}
+
+absl::StatusOr<int64_t*> DeferredErrorCountOf(Context& context) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "DeferredErrorCountOf"));
+  if (context.deferred_errors_ == nullptr) {
+    RETURN_IF_ERROR(context.CreateDeferredErrorCount());
+  }
+  return context.deferred_errors_;
+}
+#endif
 
 }  // namespace lossrt

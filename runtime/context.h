@@ -24,6 +24,9 @@
 
 namespace lossrt {
 
+class GemmRunner;  // runtime/cuda_gemm.h
+class GemmTuning;
+
 class Context {
  public:
   // A context on `device` that creates and owns its stream.
@@ -48,32 +51,50 @@ class Context {
   // The cuBLASLt workspace (created on first use) and its size.
   absl::StatusOr<void*> cublaslt_workspace();
   static constexpr int64_t kCublasLtWorkspaceBytes = 32 << 20;
-  // The context's cuBLASLt plan cache (a GemmRunner, runtime/cuda_gemm.h, on
-  // the cuBLASLt handle and workspace; created on first use).
-  absl::StatusOr<void*> gemm_runner();
-  // The table of algorithms that the context's GEMMs chose by timing cuBLASLt's
-  // candidates on a shape's first call (a GemmTuning, runtime/cuda_gemm.h;
-  // created on first use). On by default; off, shapes not yet seen take the
-  // heuristic's first choice untimed. Either way the results are bitwise the
-  // same: tuning keeps only candidates that write the first choice's bits.
-  absl::StatusOr<void*> gemm_tuning();
+  // Whether the context's GEMMs choose their algorithms by timing cuBLASLt's
+  // candidates on a shape's first call. On by default; off, shapes not yet
+  // seen take the heuristic's first choice untimed. Either way the results are
+  // bitwise the same: tuning keeps only candidates that write the first
+  // choice's bits.
   absl::Status set_gemm_tuning(bool enabled);
 
   // Scratch memory of at least `bytes` for ops; grows (allocates) only when a
   // call needs more than any call before; ReserveWorkspace does that growth
   // ahead of the hot path. Contents are undefined; valid until the next call on
-  // this context.
+  // this context. Growing it needs a wait for the stream, so inside a CUDA
+  // graph capture a call that would grow it fails (FailedPrecondition):
+  // reserve the workspace before capturing.
   absl::StatusOr<void*> Workspace(int64_t bytes);
   absl::Status ReserveWorkspace(int64_t bytes) {
     return Workspace(bytes).status();
   }
   int64_t workspace_bytes() const { return workspace_.bytes(); }
 
+  // Checks deferred to the device. An op that checks its inputs' values on the
+  // device and reads the verdict back (the cross-entropy's targets and class
+  // weights) cannot wait for the stream inside a CUDA graph capture. There it
+  // returns OK without that check, and the captured work adds the number of
+  // bad values it finds to this count (host memory that the device writes in
+  // stream order); results computed from bad values are the ops' documented
+  // unchecked results (NaN losses for out-of-range targets). Read the count
+  // after running the graph: TakeDeferredErrorCount waits for the stream,
+  // returns the count and resets it to 0. Always 0 on the CPU, where every
+  // check runs before the call returns. FailedPrecondition while the stream is
+  // being captured.
+  absl::StatusOr<int64_t> TakeDeferredErrorCount();
+
   // Waits until all work queued on the context's stream is done.
   absl::Status Synchronize();
 
  private:
+  // Typed access to the CUDA internals below, for code built with the CUDA
+  // toolkit (declared and documented in runtime/cuda_context.h).
+  friend absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context);
+  friend absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context);
+  friend absl::StatusOr<int64_t*> DeferredErrorCountOf(Context& context);
+
   explicit Context(Device device);
+  absl::Status CreateDeferredErrorCount();
 
   Device device_;
   Allocator allocator_;
@@ -82,8 +103,13 @@ class Context {
   void* cublas_ = nullptr;
   void* cublaslt_ = nullptr;
   Buffer cublaslt_workspace_;
-  std::unique_ptr<void, void (*)(void*)> gemm_tuning_{nullptr, nullptr};
-  std::unique_ptr<void, void (*)(void*)> gemm_runner_{nullptr, nullptr};
+  // Both created on first use; deleters defined where the types are complete.
+  std::unique_ptr<GemmTuning, void (*)(GemmTuning*)> gemm_tuning_{nullptr,
+                                                                  nullptr};
+  std::unique_ptr<GemmRunner, void (*)(GemmRunner*)> gemm_runner_{nullptr,
+                                                                  nullptr};
+  // Pinned host memory, written by the device (created with the stream).
+  int64_t* deferred_errors_ = nullptr;
   Buffer workspace_;
 };
 

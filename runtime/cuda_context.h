@@ -7,9 +7,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "runtime/context.h"
 #include "runtime/cuda_gemm.h"
+#include "runtime/cuda_status.h"
 #include "runtime/status.h"
 
 namespace lossrt {
@@ -29,19 +32,29 @@ inline absl::StatusOr<cublasLtHandle_t> CublasLtHandleOf(Context& context) {
   return static_cast<cublasLtHandle_t>(handle);
 }
 
-// The context's cuBLASLt plan cache (fp32 accumulation), bound to its handle
-// and workspace; run its GEMMs on the context's stream.
-inline absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context) {
-  ASSIGN_OR_RETURN(void* runner, context.gemm_runner());
-  return static_cast<GemmRunner*>(runner);
+// Whether the context's stream is being captured into a CUDA graph: ops then
+// skip what a capture cannot record (waits for the stream, read-backs, other
+// streams and events) and defer value checks to DeferredErrorCountOf.
+inline absl::StatusOr<bool> StreamIsCapturing(Context& context) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
 }
 
-// The context's table of tuned GEMM algorithms, for runners that an op makes
-// with its own workspace size or compute type.
-inline absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context) {
-  ASSIGN_OR_RETURN(void* tuning, context.gemm_tuning());
-  return static_cast<GemmTuning*>(tuning);
-}
+// The context's cuBLASLt plan cache (fp32 accumulation), bound to its handle
+// and workspace (created on first use); run its GEMMs on the context's stream.
+absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context);
+
+// The context's table of tuned GEMM algorithms (created on first use; see
+// Context::set_gemm_tuning), for runners that an op makes with its own
+// workspace size or compute type.
+absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context);
+
+// The context's deferred error count (Context::TakeDeferredErrorCount): one
+// int64_t in mapped pinned host memory, which kernels on the context's stream
+// may add to through this pointer.
+absl::StatusOr<int64_t*> DeferredErrorCountOf(Context& context);
 
 }  // namespace lossrt
 
