@@ -40,6 +40,7 @@
 #include "bench/ceiling_kernels.h"
 #include "loss/cross_entropy_cuda.h"
 #include "loss/cross_entropy_tuning.h"
+#include "loss/kernel_args.h"
 #include "runtime/cuda_context.h"
 #include "runtime/cuda_status.h"
 #endif
@@ -283,14 +284,10 @@ absl::Status Sweep(Context& context, int64_t tokens,
           static_cast<double>(tokens) * vocab * DTypeSize(dtype);
       // The forward's arguments (automatic launch) over this case's buffers.
       auto forward_args = [&] {
-        ce::RowArgs args;
-        args.logits = logits.view.data;
-        args.logits_type = static_cast<int>(dtype);
+        ce::RowArgs args = ce::MakeRowArgs(
+            logits.view.data, static_cast<int>(dtype), vocab, tokens, vocab,
+            targets.view.data, /*targets_i64=*/true, CrossEntropyOptions());
         args.grad_type = static_cast<int>(dtype);
-        args.logits_stride = vocab;
-        args.rows = tokens;
-        args.vocab = vocab;
-        args.targets = targets.view.data;
         args.stats = stats.data_as<ce::TargetStats>();
         args.row_loss = row_loss.view.data_as<float>();
         args.lse = lse.view.data_as<float>();

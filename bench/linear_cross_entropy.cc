@@ -44,6 +44,7 @@
 #ifdef LOSSRT_WITH_CUDA
 #include "bench/bench_util.h"
 #include "loss/cross_entropy_cuda.h"
+#include "loss/kernel_args.h"
 #include "runtime/cuda_context.h"
 #include "runtime/cuda_status.h"
 #endif
@@ -380,12 +381,9 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
       RETURN_IF_ERROR(LogitsGemm(handle, s, t, logits.data(), CUDA_R_32F, s.v));
       CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
           t.targets.view.data, true, s.n, s.v, -100, nullptr, stats, stream));
-      ce::RowArgs args;
-      args.logits = logits.data();
-      args.logits_stride = s.v;
-      args.rows = s.n;
-      args.vocab = s.v;
-      args.targets = t.targets.view.data;
+      ce::RowArgs args = ce::MakeRowArgs(
+          logits.data(), ce::kF32, s.v, s.n, s.v, t.targets.view.data,
+          /*targets_i64=*/true, CrossEntropyOptions());
       args.stats = stats;
       args.row_loss = row_loss;
       args.grad = logits.data();
@@ -427,12 +425,9 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
         t.targets.view.data, true, s.n, s.v, -100, nullptr, stats, stream));
     ASSIGN_OR_RETURN(
         Measured ce_only, Measure(context, [&]() -> absl::Status {
-          ce::RowArgs args;
-          args.logits = logits.data();
-          args.logits_stride = s.v;
-          args.rows = s.n;
-          args.vocab = s.v;
-          args.targets = t.targets.view.data;
+          ce::RowArgs args = ce::MakeRowArgs(
+              logits.data(), ce::kF32, s.v, s.n, s.v, t.targets.view.data,
+              /*targets_i64=*/true, CrossEntropyOptions());
           args.stats = stats;
           args.row_loss =
               reinterpret_cast<float*>(scratch.data_as<char>() + 256);

@@ -5,8 +5,10 @@
 // to keep the example to the public headers (a real trainer would apply its
 // optimizer on the device).
 //
-//   bazel run //examples:embed_linear_cross_entropy            # the GPU if
-//   there is one bazel run //examples:embed_linear_cross_entropy -- cpu
+// clang-format off
+//   bazel run //examples:embed_linear_cross_entropy          # the GPU if there is one
+//   bazel run //examples:embed_linear_cross_entropy -- cpu
+// clang-format on
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -78,8 +80,8 @@ absl::Status Train(const lossrt::Device& device) {
   RETURN_IF_ERROR(CopyTensor(host(targets.data(), DType::kI64, {kTokens}),
                              d_targets.view, *context));
 
-  lossrt::LinearCrossEntropyOptions
-      options;  // mean over tokens, 1 GiB workspace bound
+  // Mean over the tokens, at most 1 GiB of temporaries.
+  lossrt::LinearCrossEntropyOptions options;
   options.cross_entropy.label_smoothing = 0.05f;
   const lossrt::LinearCrossEntropyInputs inputs{
       d_hidden_in.view, d_weight_in.view, d_bias_in.view, d_targets.view};

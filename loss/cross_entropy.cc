@@ -1,15 +1,15 @@
 // The cross-entropy op: argument checks, then dispatch to the CPU backend or
 // the CUDA kernels. Every check runs before anything is written, including the
 // target range check, which on the GPU is a one-block scan whose result is read
-// back once.
+// back once -- except inside a CUDA graph capture, where the scan's verdict is
+// added to the context's deferred error count instead (cross_entropy.h).
 #include "loss/cross_entropy.h"
-
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
-#include "loss/cross_entropy_options.h"
+#include "loss/kernel_args.h"
+#include "loss/loss_checks.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -23,22 +23,9 @@ namespace lossrt {
 namespace {
 
 constexpr int64_t kAlign = 256;
-constexpr int64_t kMaxVocab = (int64_t{1} << 30) - 1;
 
 int64_t AlignUp(int64_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
-}
-
-absl::Status CheckOnDevice(const Tensor& tensor, const Context& context,
-                           const char* name) {
-  if (tensor.device != context.device()) {
-    return InvalidArgument(name, " is on ", tensor.device.ToString(),
-                           " but the context is on ",
-                           context.device().ToString());
-  }
-  if (tensor.data == nullptr && tensor.numel() > 0)
-    return InvalidArgument(name, ": null data");
-  return absl::OkStatus();
 }
 
 struct Problem {
@@ -55,56 +42,18 @@ absl::StatusOr<Problem> CheckInputs(const Context& context,
     return InvalidArgument("logits: expected [tokens, vocab], got ",
                            logits.ShapeString());
   Problem problem{logits.dim(0), logits.dim(1)};
-  if (problem.tokens < 1 || problem.vocab < 1) {
-    return InvalidArgument("logits: tokens and vocab must be >= 1, got ",
+  if (problem.tokens < 1) {
+    return InvalidArgument("logits: tokens must be >= 1, got ",
                            logits.ShapeString());
   }
-  // The kernels index within a row in 32 bits (rows themselves in 64).
-  if (problem.vocab > kMaxVocab) {
-    return InvalidArgument("logits: vocab ", problem.vocab,
-                           " exceeds the supported ", kMaxVocab);
-  }
-  if (logits.row_stride != 0 && logits.row_stride < problem.vocab) {
-    return InvalidArgument("logits: row_stride ", logits.row_stride,
-                           " is below vocab ", problem.vocab);
-  }
-  RETURN_IF_ERROR(CheckOnDevice(logits, context, "logits"));
+  RETURN_IF_ERROR(ce::CheckVocab(problem.vocab, "logits"));
+  RETURN_IF_ERROR(ce::CheckOnContext(logits, context, "logits"));
   RETURN_IF_ERROR(CheckDType(targets, {DType::kI64, DType::kI32}, "targets"));
   RETURN_IF_ERROR(CheckShape(targets, {problem.tokens}, "targets"));
-  RETURN_IF_ERROR(CheckOnDevice(targets, context, "targets"));
-  if (!(options.label_smoothing >= 0.0f && options.label_smoothing < 1.0f)) {
-    return InvalidArgument("label_smoothing must be in [0, 1), got ",
-                           options.label_smoothing);
-  }
-  if (!(options.z_loss >= 0.0f) || !std::isfinite(options.z_loss)) {
-    return InvalidArgument("z_loss must be finite and >= 0, got ",
-                           options.z_loss);
-  }
-  if (!(options.softcap >= 0.0f) || !std::isfinite(options.softcap)) {
-    return InvalidArgument("softcap must be finite and >= 0 (0 = off), got ",
-                           options.softcap);
-  }
-  if (options.class_weights.has_value()) {
-    const Tensor& weights = *options.class_weights;
-    RETURN_IF_ERROR(CheckDType(weights, {DType::kF32}, "class_weights"));
-    RETURN_IF_ERROR(CheckShape(weights, {problem.vocab}, "class_weights"));
-    RETURN_IF_ERROR(CheckOnDevice(weights, context, "class_weights"));
-  }
+  RETURN_IF_ERROR(ce::CheckOnContext(targets, context, "targets"));
+  RETURN_IF_ERROR(
+      ce::CheckCrossEntropyOptions(options, problem.vocab, context));
   return problem;
-}
-
-absl::Status CheckLoss(const Context& context, const Tensor& loss,
-                       const Problem& problem,
-                       const CrossEntropyOptions& options, const char* name) {
-  RETURN_IF_ERROR(CheckDType(loss, {DType::kF32}, name));
-  if (options.reduction == Reduction::kNone) {
-    RETURN_IF_ERROR(CheckShape(loss, {problem.tokens}, name));
-  } else if (loss.numel() != 1 || loss.rank() > 1) {
-    return InvalidArgument(
-        name, ": expected a scalar ([] or [1]) for mean/sum reduction, got ",
-        loss.ShapeString());
-  }
-  return CheckOnDevice(loss, context, name);
 }
 
 absl::Status CheckGradLogits(const Context& context, const Tensor& grad,
@@ -116,18 +65,13 @@ absl::Status CheckGradLogits(const Context& context, const Tensor& grad,
   }
   RETURN_IF_ERROR(
       CheckShape(grad, {problem.tokens, problem.vocab}, "grad_logits"));
-  if (grad.row_stride != 0 && grad.row_stride < problem.vocab) {
-    return InvalidArgument("grad_logits: row_stride ", grad.row_stride,
-                           " is below vocab ", problem.vocab);
-  }
-  RETURN_IF_ERROR(CheckOnDevice(grad, context, "grad_logits"));
+  RETURN_IF_ERROR(ce::CheckOnContext(grad, context, "grad_logits"));
   if (Overlaps(grad, logits) &&
       (grad.data != logits.data ||
        grad.effective_row_stride() != logits.effective_row_stride())) {
     return InvalidArgument(
         "grad_logits overlaps the logits without being the same tensor; pass "
-        "the logits "
-        "themselves for the in-place mode");
+        "the logits themselves for the in-place mode");
   }
   return absl::OkStatus();
 }
@@ -137,35 +81,6 @@ absl::Status CheckNoOverlap(const Tensor& output, const char* name,
   for (const Tensor* input : inputs) {
     if (input != nullptr && Overlaps(output, *input))
       return InvalidArgument(name, " overlaps an input");
-  }
-  return absl::OkStatus();
-}
-
-ce::RowArgs MakeRowArgs(const Tensor& logits, const Tensor& targets,
-                        const CrossEntropyOptions& options,
-                        const Problem& problem) {
-  ce::RowArgs args;
-  args.logits = logits.data;
-  args.logits_type = static_cast<int>(logits.dtype);
-  args.logits_stride = logits.effective_row_stride();
-  args.rows = problem.tokens;
-  args.vocab = problem.vocab;
-  args.targets = targets.data;
-  args.targets_i64 = targets.dtype == DType::kI64;
-  ce::CopyOptions(options, &args);
-  return args;
-}
-
-absl::Status CheckStats(const ce::TargetStats& stats,
-                        const CrossEntropyOptions& options, int64_t vocab) {
-  if (stats.negative_weights > 0) {
-    return InvalidArgument("class_weights: ", stats.negative_weights,
-                           " weights are negative or NaN");
-  }
-  if (options.validate_targets && stats.invalid > 0) {
-    return InvalidArgument(
-        "targets: ", stats.invalid, " targets are outside [0, ", vocab,
-        ") and not ignore_index (", options.ignore_index, ")");
   }
   return absl::OkStatus();
 }
@@ -186,16 +101,14 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   const Tensor* weights =
       options.class_weights.has_value() ? &*options.class_weights : nullptr;
   if (request.loss != nullptr) {
-    RETURN_IF_ERROR(
-        CheckLoss(context, *request.loss, problem, options, "loss"));
+    RETURN_IF_ERROR(ce::CheckLossTensor(*request.loss, options.reduction,
+                                        problem.tokens, context, "loss"));
     RETURN_IF_ERROR(
         CheckNoOverlap(*request.loss, "loss",
                        {&logits, &targets, weights, request.grad_logits}));
   }
   if (request.lse != nullptr) {
-    RETURN_IF_ERROR(CheckDType(*request.lse, {DType::kF32}, "lse"));
-    RETURN_IF_ERROR(CheckShape(*request.lse, {problem.tokens}, "lse"));
-    RETURN_IF_ERROR(CheckOnDevice(*request.lse, context, "lse"));
+    RETURN_IF_ERROR(ce::CheckLseTensor(*request.lse, problem.tokens, context));
     if (!request.backward_only) {
       RETURN_IF_ERROR(CheckNoOverlap(
           *request.lse, "lse",
@@ -203,8 +116,8 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
     }
   }
   if (request.grad_loss != nullptr) {
-    RETURN_IF_ERROR(
-        CheckLoss(context, *request.grad_loss, problem, options, "grad_loss"));
+    RETURN_IF_ERROR(ce::CheckLossTensor(*request.grad_loss, options.reduction,
+                                        problem.tokens, context, "grad_loss"));
   }
   if (request.grad_logits != nullptr) {
     RETURN_IF_ERROR(
@@ -216,7 +129,10 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
           CheckNoOverlap(*request.grad_logits, "grad_logits", {request.lse}));
   }
 
-  ce::RowArgs args = MakeRowArgs(logits, targets, options, problem);
+  ce::RowArgs args = ce::MakeRowArgs(
+      logits.data, static_cast<int>(logits.dtype),
+      logits.effective_row_stride(), problem.tokens, problem.vocab,
+      targets.data, targets.dtype == DType::kI64, options);
   if (request.grad_loss != nullptr) {
     args.grad_loss = request.grad_loss->data_as<const float>();
     args.grad_loss_per_row = options.reduction == Reduction::kNone;
@@ -234,7 +150,8 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
     const ce::TargetStats stats =
         ce::ScanTargetsCpu(args.targets, args.targets_i64, args.rows,
                            args.vocab, args.ignore_index, args.class_weights);
-    RETURN_IF_ERROR(CheckStats(stats, options, problem.vocab));
+    RETURN_IF_ERROR(
+        ce::CheckTargetStats(stats, options, problem.tokens, problem.vocab));
     args.stats = &stats;
     if (request.backward_only) {
       ce::BackwardCpu(args);
@@ -262,6 +179,10 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  // Inside a CUDA graph capture nothing may wait for the stream: the scan's
+  // verdict goes to the context's deferred error count (after the kernels,
+  // so that the row kernel still follows the scan).
+  ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(context));
   ASSIGN_OR_RETURN(void* workspace,
                    context.Workspace(CrossEntropyWorkspaceBytes(
                        problem.tokens, problem.vocab)));
@@ -271,14 +192,12 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
       args.targets, args.targets_i64, args.rows, args.vocab, args.ignore_index,
       args.class_weights, stats, stream));
-  const bool read_back = options.validate_targets || weights != nullptr;
+  const bool read_back = ce::ChecksTargetStats(options) && !capturing;
   args.follows_scan = !read_back;
   if (read_back) {
     ce::TargetStats host_stats;
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats, stats, sizeof(host_stats),
-                                         cudaMemcpyDeviceToHost, stream));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    RETURN_IF_ERROR(CheckStats(host_stats, options, problem.vocab));
+    RETURN_IF_ERROR(ce::ReadBackTargetStats(
+        stats, stream, options, problem.tokens, problem.vocab, &host_stats));
   }
   args.stats = stats;
   int num_sms = 0;
@@ -286,14 +205,16 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
       &num_sms, cudaDevAttrMultiProcessorCount, context.device().ordinal));
   if (request.backward_only) {
     CUDA_RETURN_IF_ERROR(ce::LaunchBackward(args, num_sms, stream));
-    return absl::OkStatus();
+  } else {
+    args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
+    CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
+    if (reduce)
+      CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(row_loss, problem.tokens,
+                                             request.loss->data_as<float>(),
+                                             stream, /*follows_rows=*/true));
   }
-  args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
-  CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
-  if (reduce)
-    CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(row_loss, problem.tokens,
-                                           request.loss->data_as<float>(),
-                                           stream, /*follows_rows=*/true));
+  if (capturing)
+    RETURN_IF_ERROR(ce::DeferTargetStatsCheck(context, stats, options, stream));
   return absl::OkStatus();
 #else
   return absl::UnavailableError(

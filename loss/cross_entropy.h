@@ -2,18 +2,18 @@
 // the per-token log-sum-exp, and the gradient with respect to the logits, on
 // the CPU (Eigen) or a CUDA GPU.
 //
-//   lossrt::CrossEntropyOptions options;            // mean over non-ignored
-//   tokens options.label_smoothing = 0.1f;
-//   RETURN_IF_ERROR(lossrt::CrossEntropyForwardBackward(*context, logits,
-//   targets, options,
-//                                                      loss, &lse,
-//                                                      grad_logits));
+// clang-format off
+//   lossrt::CrossEntropyOptions options;  // mean over non-ignored tokens
+//   options.label_smoothing = 0.1f;
+//   RETURN_IF_ERROR(lossrt::CrossEntropyForwardBackward(
+//       *context, logits, targets, options, loss, &lse, grad_logits));
 //
 // Definitions (PyTorch's, with PaLM's z-loss and Gemma's soft-capping added):
-//   z_j      = softcap > 0 ? softcap * tanh(x_j / softcap) : x_j
-//   lse      = log sum_j exp(z_j)
-//   loss_i   = (1 - s) * w[t] * (lse - z_t) + s / V * sum_j w[j] * (lse - z_j)
-//   + z_loss * lse^2
+//   z_j    = softcap > 0 ? softcap * tanh(x_j / softcap) : x_j
+//   lse    = log sum_j exp(z_j)
+//   loss_i = (1 - s) * w[t] * (lse - z_t) + s / V * sum_j w[j] * (lse - z_j)
+//            + z_loss * lse^2
+// clang-format on
 // with s = label_smoothing, w = class weights (all 1 without), t the target and
 // V the vocab. Tokens whose target is ignore_index add nothing and count
 // nothing. Mean reduction divides the cross-entropy part by the sum of w[t]
@@ -27,6 +27,27 @@
 // logits tensor itself: in place); grad_loss f32 [] or [tokens]. All on the
 // context's device. Nothing is written when a call returns an error. Results
 // are bitwise reproducible run to run.
+//
+// Optional tensors (the same convention in loss/linear_cross_entropy.h): an
+// optional argument of a call, input or output, is a `const Tensor*`, nullptr
+// when not given (the call only borrows it); an optional member of a struct
+// (options, inputs, gradients) is a `std::optional<Tensor>`, std::nullopt when
+// not given (structs hold their views by value, as callers copy and keep them,
+// e.g. a graph node its options). Outputs are written through their views'
+// data, so they are passed as `const Tensor&` or `const Tensor*`.
+//
+// CUDA graphs: the calls may be captured by themselves. Inside a capture of
+// the context's stream (cudaStreamIsCapturing) a call checks everything it can
+// on the host (shapes, dtypes, devices, options, overlaps) but does not wait
+// for the stream: the target scan's verdict is not read back. The captured
+// work adds the number of bad values the call would have rejected (targets
+// outside [0, vocab) when validate_targets is on, negative or NaN class
+// weights) to the context's deferred error count; read it after running the
+// graph with Context::TakeDeferredErrorCount. Out-of-range targets then give
+// NaN losses (the reduced loss is NaN too), negative class weights are used as
+// given, and such a call's gradients mean nothing. A call inside a capture
+// fails (FailedPrecondition) rather than grow the context's workspace: reserve
+// CrossEntropyWorkspaceBytes before capturing.
 #ifndef LOSSRT_LOSS_CROSS_ENTROPY_H_
 #define LOSSRT_LOSS_CROSS_ENTROPY_H_
 
@@ -49,7 +70,8 @@ struct CrossEntropyOptions {
   float softcap = 0.0f;  // 0 = off; > 0 caps logits at +-softcap through tanh
   std::optional<Tensor> class_weights;  // f32 [vocab], >= 0
   // Check that every target is in [0, vocab) or ignore_index (on the GPU: a
-  // flag read back once per call, which waits for the stream). Off:
+  // flag read back once per call, which waits for the stream; inside a CUDA
+  // graph capture, a count added to the context's deferred error count). Off:
   // out-of-range targets give NaN losses.
   bool validate_targets = true;
 };

@@ -1,11 +1,11 @@
-// The linear cross-entropy's driver: argument checks, the plan (which schedule,
-// how large the chunks, where each temporary lives in the one workspace block),
-// and the loop over blocks that the CPU or CUDA backend runs.
+// The linear cross-entropy's driver: argument checks (loss_checks.h for what it
+// shares with the cross-entropy op), the plan (which schedule, how large the
+// chunks, where each temporary lives in the one workspace block), and the loop
+// over blocks that the CPU or CUDA backend runs.
 #include "loss/linear_cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -13,7 +13,12 @@
 #include "absl/strings/str_format.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
+#include "loss/loss_checks.h"
 #include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "runtime/cuda_context.h"
+#endif
 
 namespace lossrt {
 namespace lce {
@@ -457,24 +462,10 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
   in.lse_given = problem.lse != nullptr;
   in.max_workspace_bytes = options.max_workspace_bytes;
   in.use_tf32 = options.use_tf32;
-  in.overlap_streams = options.overlap_streams;
+  // A captured stream records no second stream (nor its events).
+  in.overlap_streams = options.overlap_streams && !problem.capturing;
   in.schedule = options.schedule;
   return in;
-}
-
-absl::Status CheckTargetStats(const ce::TargetStats& stats,
-                              const CrossEntropyOptions& options,
-                              int64_t tokens, int64_t vocab) {
-  if (stats.negative_weights > 0) {
-    return InvalidArgument("class_weights: ", stats.negative_weights,
-                           " weights are negative or NaN");
-  }
-  if (options.validate_targets && stats.invalid > 0) {
-    return InvalidArgument(
-        "targets: ", stats.invalid, " of ", tokens, " are outside [0, ", vocab,
-        ") and not ignore_index (", options.ignore_index, ")");
-  }
-  return absl::OkStatus();
 }
 
 float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
@@ -490,37 +481,9 @@ float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
 
 namespace {
 
-absl::Status CheckTensor(const Tensor& tensor, const Context& context,
-                         absl::string_view name) {
-  if (tensor.device != context.device()) {
-    return InvalidArgument(name, ": on ", tensor.device.ToString(),
-                           ", but the context is on ",
-                           context.device().ToString());
-  }
-  if (tensor.numel() > 0 && tensor.data == nullptr)
-    return InvalidArgument(name, ": null data");
-  if (tensor.rank() >= 2 && tensor.row_stride != 0 &&
-      tensor.row_stride < tensor.row_elements()) {
-    return InvalidArgument(name, ": row_stride ", tensor.row_stride,
-                           " < row length ", tensor.row_elements());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckFinite(float value, float low, bool high_open, float high,
-                         absl::string_view name) {
-  if (!(std::isfinite(value) && value >= low &&
-        (high_open ? value < high : value <= high))) {
-    return InvalidArgument(name, " must be in [", low, ", ", high,
-                           high_open ? ")" : "]", ", got ", value);
-  }
-  return absl::OkStatus();
-}
-
 // Inputs and options of every call; sets the sizes in `problem`.
 absl::Status CheckInputs(const Context& context, Problem& problem) {
   const LinearCrossEntropyInputs& in = *problem.inputs;
-  const CrossEntropyOptions& ce = problem.options->cross_entropy;
   if (in.hidden.rank() != 2)
     return InvalidArgument("hidden: expected [N, H], got ",
                            in.hidden.ShapeString());
@@ -532,11 +495,11 @@ absl::Status CheckInputs(const Context& context, Problem& problem) {
   problem.vocab = in.weight.dim(0);
   const int64_t n = problem.tokens;
   const int64_t v = problem.vocab;
-  if (problem.hidden < 1 || v < 1) {
-    return InvalidArgument(
-        "hidden size and vocabulary must be positive, got H = ", problem.hidden,
-        ", V = ", v);
+  if (problem.hidden < 1) {
+    return InvalidArgument("hidden: the hidden size must be >= 1, got ",
+                           in.hidden.ShapeString());
   }
+  RETURN_IF_ERROR(ce::CheckVocab(v, "weight"));
   RETURN_IF_ERROR(CheckDType(
       in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
   RETURN_IF_ERROR(CheckShape(in.weight, {v, problem.hidden}, "weight"));
@@ -548,36 +511,17 @@ absl::Status CheckInputs(const Context& context, Problem& problem) {
   RETURN_IF_ERROR(CheckShape(in.targets, {n}, "targets"));
   RETURN_IF_ERROR(
       CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
-  RETURN_IF_ERROR(CheckTensor(in.hidden, context, "hidden"));
-  RETURN_IF_ERROR(CheckTensor(in.weight, context, "weight"));
-  RETURN_IF_ERROR(CheckTensor(in.targets, context, "targets"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.hidden, context, "hidden"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.weight, context, "weight"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.targets, context, "targets"));
   if (in.bias.has_value()) {
     RETURN_IF_ERROR(CheckShape(*in.bias, {v}, "bias"));
     RETURN_IF_ERROR(
         CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
-    RETURN_IF_ERROR(CheckTensor(*in.bias, context, "bias"));
+    RETURN_IF_ERROR(ce::CheckOnContext(*in.bias, context, "bias"));
   }
-  if (ce.class_weights.has_value()) {
-    RETURN_IF_ERROR(CheckShape(*ce.class_weights, {v}, "class_weights"));
-    RETURN_IF_ERROR(
-        CheckDType(*ce.class_weights, {DType::kF32}, "class_weights"));
-    RETURN_IF_ERROR(CheckTensor(*ce.class_weights, context, "class_weights"));
-  }
-  RETURN_IF_ERROR(
-      CheckFinite(ce.label_smoothing, 0.0f, true, 1.0f, "label_smoothing"));
-  const float inf = std::numeric_limits<float>::max();
-  RETURN_IF_ERROR(CheckFinite(ce.z_loss, 0.0f, false, inf, "z_loss"));
-  RETURN_IF_ERROR(CheckFinite(ce.softcap, 0.0f, false, inf, "softcap"));
-  return absl::OkStatus();
-}
-
-absl::Status CheckFloatVector(const Tensor& tensor, bool per_token,
-                              int64_t tokens, const Context& context,
-                              absl::string_view name) {
-  RETURN_IF_ERROR(per_token ? CheckShape(tensor, {tokens}, name)
-                            : CheckShape(tensor, Shape{}, name));
-  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, name));
-  return CheckTensor(tensor, context, name);
+  return ce::CheckCrossEntropyOptions(problem.options->cross_entropy, v,
+                                      context);
 }
 
 absl::Status CheckGradients(const Context& context, const Problem& problem) {
@@ -587,12 +531,12 @@ absl::Status CheckGradients(const Context& context, const Problem& problem) {
       CheckShape(g.d_hidden, {problem.tokens, problem.hidden}, "d_hidden"));
   RETURN_IF_ERROR(
       CheckDType(g.d_hidden, {DType::kF32, in.hidden.dtype}, "d_hidden"));
-  RETURN_IF_ERROR(CheckTensor(g.d_hidden, context, "d_hidden"));
+  RETURN_IF_ERROR(ce::CheckOnContext(g.d_hidden, context, "d_hidden"));
   RETURN_IF_ERROR(
       CheckShape(g.d_weight, {problem.vocab, problem.hidden}, "d_weight"));
   RETURN_IF_ERROR(
       CheckDType(g.d_weight, {DType::kF32, in.weight.dtype}, "d_weight"));
-  RETURN_IF_ERROR(CheckTensor(g.d_weight, context, "d_weight"));
+  RETURN_IF_ERROR(ce::CheckOnContext(g.d_weight, context, "d_weight"));
   if (in.bias.has_value() != g.d_bias.has_value()) {
     return InvalidArgument(in.bias.has_value()
                                ? "d_bias is required with a bias"
@@ -602,8 +546,28 @@ absl::Status CheckGradients(const Context& context, const Problem& problem) {
     RETURN_IF_ERROR(CheckShape(*g.d_bias, {problem.vocab}, "d_bias"));
     RETURN_IF_ERROR(
         CheckDType(*g.d_bias, {DType::kF32, in.bias->dtype}, "d_bias"));
-    RETURN_IF_ERROR(CheckTensor(*g.d_bias, context, "d_bias"));
+    RETURN_IF_ERROR(ce::CheckOnContext(*g.d_bias, context, "d_bias"));
   }
+  return absl::OkStatus();
+}
+
+// The outputs and the incoming tensors that the pass takes (the entry points
+// set exactly those in `problem`): loss, lse, grad_loss and gradients.
+absl::Status CheckOutputs(const Context& context, const Problem& problem) {
+  const Reduction reduction = problem.options->cross_entropy.reduction;
+  if (problem.loss != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLossTensor(*problem.loss, reduction,
+                                        problem.tokens, context, "loss"));
+  }
+  if (problem.lse != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLseTensor(*problem.lse, problem.tokens, context));
+  }
+  if (problem.grad_loss != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLossTensor(*problem.grad_loss, reduction,
+                                        problem.tokens, context, "grad_loss"));
+  }
+  if (problem.gradients != nullptr)
+    RETURN_IF_ERROR(CheckGradients(context, problem));
   return absl::OkStatus();
 }
 
@@ -649,8 +613,27 @@ absl::Status CheckNoOverlap(const Problem& problem) {
   return absl::OkStatus();
 }
 
-absl::Status Run(Context& context, const Problem& problem) {
+// Every entry point: the checks, then the plan and its blocks on the backend.
+absl::Status Run(Context& context, Problem& problem) {
+  RETURN_IF_ERROR(CheckInputs(context, problem));
+  RETURN_IF_ERROR(CheckOutputs(context, problem));
   RETURN_IF_ERROR(CheckNoOverlap(problem));
+#ifdef LOSSRT_WITH_CUDA
+  if (context.device().is_cuda()) {
+    ASSIGN_OR_RETURN(problem.capturing, StreamIsCapturing(context));
+  }
+#endif
+  if (problem.capturing && problem.backward() &&
+      problem.operand_type() == DType::kF16 &&
+      problem.options->cross_entropy.reduction == Reduction::kMean) {
+    // The f16 dlogits' underflow guard (DlogitsScale) is a host scalar made
+    // from the mean's denominator, which a capture cannot read back.
+    return absl::FailedPreconditionError(
+        "linear cross-entropy: the backward of f16 operands with the mean "
+        "reduction cannot run inside a CUDA graph capture (its gradient "
+        "scale needs the number of counted tokens on the host); use bf16 or "
+        "f32 operands, or run it outside the capture");
+  }
   const PlanInput input = PlanInputOf(problem, context.device().kind);
   ASSIGN_OR_RETURN(const Plan plan, MakePlan(input));
   std::unique_ptr<Backend> backend;
@@ -683,14 +666,6 @@ absl::Status LinearCrossEntropyForward(Context& context,
   problem.options = &options;
   problem.loss = &loss;
   problem.lse = lse;
-  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
-  const bool none = options.cross_entropy.reduction == Reduction::kNone;
-  RETURN_IF_ERROR(
-      lce::CheckFloatVector(loss, none, problem.tokens, context, "loss"));
-  if (lse != nullptr) {
-    RETURN_IF_ERROR(
-        lce::CheckFloatVector(*lse, true, problem.tokens, context, "lse"));
-  }
   return lce::Run(context, problem);
 }
 
@@ -707,19 +682,6 @@ absl::Status LinearCrossEntropyForwardBackward(
   problem.lse = lse;
   problem.grad_loss = grad_loss;
   problem.gradients = &gradients;
-  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
-  const bool none = options.cross_entropy.reduction == Reduction::kNone;
-  RETURN_IF_ERROR(
-      lce::CheckFloatVector(loss, none, problem.tokens, context, "loss"));
-  if (lse != nullptr) {
-    RETURN_IF_ERROR(
-        lce::CheckFloatVector(*lse, true, problem.tokens, context, "lse"));
-  }
-  if (grad_loss != nullptr) {
-    RETURN_IF_ERROR(lce::CheckFloatVector(*grad_loss, none, problem.tokens,
-                                          context, "grad_loss"));
-  }
-  RETURN_IF_ERROR(lce::CheckGradients(context, problem));
   return lce::Run(context, problem);
 }
 
@@ -734,13 +696,6 @@ absl::Status LinearCrossEntropyBackward(
   problem.lse = &lse;
   problem.grad_loss = &grad_loss;
   problem.gradients = &gradients;
-  RETURN_IF_ERROR(lce::CheckInputs(context, problem));
-  const bool none = options.cross_entropy.reduction == Reduction::kNone;
-  RETURN_IF_ERROR(
-      lce::CheckFloatVector(lse, true, problem.tokens, context, "lse"));
-  RETURN_IF_ERROR(lce::CheckFloatVector(grad_loss, none, problem.tokens,
-                                        context, "grad_loss"));
-  RETURN_IF_ERROR(lce::CheckGradients(context, problem));
   return lce::Run(context, problem);
 }
 

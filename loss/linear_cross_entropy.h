@@ -5,12 +5,14 @@
 // loss/cross_entropy.h run on each chunk, and the gradients of hidden, weight
 // and bias are accumulated in fp32 from the chunk's dlogits.
 //
+// clang-format off
 //   // Mean over non-ignored tokens, at most 1 GiB of temporaries.
 //   lossrt::LinearCrossEntropyOptions options;
 //   options.cross_entropy.label_smoothing = 0.1f;
 //   RETURN_IF_ERROR(lossrt::LinearCrossEntropyForwardBackward(
-//       *context, {hidden, weight, std::nullopt, targets}, options, loss,
-//       /*lse=*/nullptr, {d_hidden, d_weight, std::nullopt}));
+//       *context, {hidden, weight, /*bias=*/std::nullopt, targets}, options,
+//       loss, /*lse=*/nullptr, {d_hidden, d_weight, /*d_bias=*/std::nullopt}));
+// clang-format on
 //
 // The loss and its options are exactly those of CrossEntropyForward on the full
 // logits (loss/cross_entropy.h), with logits[i, v] = sum_h hidden[i, h] *
@@ -30,9 +32,28 @@
 //
 // Errors: InvalidArgument, with nothing written, for invalid inputs (shapes,
 // dtypes, devices, null data, overlapping outputs, targets outside [0, V) that
-// are not ignore_index, negative class weights) and for a budget that cannot
+// are not ignore_index, negative class weights; inside a CUDA graph capture
+// these last two are counted instead, see below) and for a budget that cannot
 // hold a single chunk (the message names the smallest that can). Results are
 // bitwise the same from run to run for the same shapes, options and device.
+//
+// Optional tensors follow loss/cross_entropy.h: an optional argument of a call
+// (lse, grad_loss) is a `const Tensor*`, nullptr when not given; an optional
+// member of a struct (bias, d_bias, class_weights) is a
+// `std::optional<Tensor>`, std::nullopt when not given.
+//
+// CUDA graphs: as the cross-entropy (loss/cross_entropy.h), the calls may be
+// captured by themselves. Inside a capture of the context's stream they wait
+// for nothing: the target scan's verdict goes to the context's deferred error
+// count (Context::TakeDeferredErrorCount) instead of an InvalidArgument, and
+// the cross-entropy runs on the context's stream only (overlap_streams is
+// ignored: no second stream or event is created). The backward of f16 operands
+// with the mean reduction needs the number of counted tokens on the host (its
+// gradient scale) and fails there (FailedPrecondition). The workspace block
+// comes from the context's allocator: run a call of the same shape before
+// capturing, so that the allocator's cache holds it (a miss inside a capture
+// calls cudaMalloc, which only a capture in cudaStreamCaptureModeRelaxed
+// allows).
 #ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 #define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 
@@ -70,7 +91,8 @@ struct LinearCrossEntropyOptions {
   bool use_tf32 = false;
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
   // GPU: run the cross-entropy kernels on a second stream, concurrently with
-  // the GEMMs.
+  // the GEMMs (where the plan expects it to pay; never inside a CUDA graph
+  // capture).
   bool overlap_streams = true;
 };
 
@@ -82,8 +104,8 @@ struct LinearCrossEntropyInputs {
   Tensor targets;              // [N]
 };
 
-// Where the gradients go. d_bias is required exactly when the inputs have a
-// bias.
+// Where the gradients go (outputs, written through the views). d_bias is
+// required exactly when the inputs have a bias.
 struct LinearCrossEntropyGradients {
   Tensor d_hidden;               // [N, H]
   Tensor d_weight;               // [V, H]

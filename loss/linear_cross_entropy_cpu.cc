@@ -14,9 +14,10 @@
 
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
-#include "loss/cross_entropy_options.h"
+#include "loss/kernel_args.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/linear_cross_entropy_kernels.h"
+#include "loss/loss_checks.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -195,7 +196,7 @@ absl::Status CpuBackend::Begin() {
   *stats_ =
       ce::ScanTargetsCpu(in.targets.data, in.targets.dtype == DType::kI64, n,
                          problem_.vocab, ce_.ignore_index, class_weights);
-  RETURN_IF_ERROR(CheckTargetStats(*stats_, ce_, n, problem_.vocab));
+  RETURN_IF_ERROR(ce::CheckTargetStats(*stats_, ce_, n, problem_.vocab));
   if (problem_.backward()) {
     scale_ = DlogitsScale(operand_, static_cast<int>(ce_.reduction),
                           stats_->ce_denominator);
@@ -258,15 +259,9 @@ void CpuBackend::CrossEntropy(const Block& block) {
     SliceBackwardCpu(args);
     return;
   }
-  ce::RowArgs args;
-  args.logits = logits_;
-  args.logits_type = ce::kF32;
-  args.logits_stride = block.ld;
-  args.rows = block.row_end - row;
-  args.vocab = problem_.vocab;
-  args.targets = Targets(row);
-  args.targets_i64 = targets.dtype == DType::kI64;
-  ce::CopyOptions(ce_, &args);
+  ce::RowArgs args = ce::MakeRowArgs(
+      logits_, ce::kF32, block.ld, block.row_end - row, problem_.vocab,
+      Targets(row), targets.dtype == DType::kI64, ce_);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row : nullptr;
   if (block.mode != CeMode::kBackward) {

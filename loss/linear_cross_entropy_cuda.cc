@@ -27,9 +27,10 @@
 #include "absl/strings/str_cat.h"
 #include "loss/cross_entropy_cuda.h"
 #include "loss/cross_entropy_kernels.h"
-#include "loss/cross_entropy_options.h"
+#include "loss/kernel_args.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/linear_cross_entropy_kernels.h"
+#include "loss/loss_checks.h"
 #include "runtime/cuda_context.h"
 #include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
@@ -161,7 +162,10 @@ absl::Status CudaBackend::Begin() {
   if (n == 0) return absl::OkStatus();
 
   // Targets: the mean's denominators on the device, and one readback to reject
-  // bad targets (and to scale f16 dlogits) before anything is written.
+  // bad targets (and to scale f16 dlogits) before anything is written. Inside
+  // a CUDA graph capture there is no readback: the verdict goes to the
+  // context's deferred error count (the driver refuses the f16 mean's
+  // backward there, whose scale needs the denominator on the host).
   const float* class_weights = ce_.class_weights.has_value()
                                    ? ce_.class_weights->data_as<float>()
                                    : nullptr;
@@ -171,12 +175,12 @@ absl::Status CudaBackend::Begin() {
   const bool f16_mean = operand_ == DType::kF16 &&
                         ce_.reduction == Reduction::kMean &&
                         problem_.backward();
-  if (ce_.validate_targets || class_weights != nullptr || f16_mean) {
+  if (problem_.capturing) {
+    RETURN_IF_ERROR(ce::DeferTargetStatsCheck(context_, stats_, ce_, main_));
+  } else if (ce::ChecksTargetStats(ce_) || f16_mean) {
     ce::TargetStats host;
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, stats_, sizeof(host),
-                                         cudaMemcpyDeviceToHost, main_));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(main_));
-    RETURN_IF_ERROR(CheckTargetStats(host, ce_, n, problem_.vocab));
+    RETURN_IF_ERROR(
+        ce::ReadBackTargetStats(stats_, main_, ce_, n, problem_.vocab, &host));
     if (problem_.backward()) {
       scale_ = DlogitsScale(operand_, static_cast<int>(ce_.reduction),
                             host.ce_denominator);
@@ -338,15 +342,9 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     CUDA_RETURN_IF_ERROR(LaunchSliceBackward(args, stream));
     return absl::OkStatus();
   }
-  ce::RowArgs args;
-  args.logits = Logits(block, row_begin);
-  args.logits_type = ce::kF32;
-  args.logits_stride = block.ld;
-  args.rows = row_end - row_begin;
-  args.vocab = problem_.vocab;
-  args.targets = Targets(row_begin);
-  args.targets_i64 = targets.dtype == DType::kI64;
-  ce::CopyOptions(ce_, &args);
+  ce::RowArgs args = ce::MakeRowArgs(
+      Logits(block, row_begin), ce::kF32, block.ld, row_end - row_begin,
+      problem_.vocab, Targets(row_begin), targets.dtype == DType::kI64, ce_);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
   if (block.mode != CeMode::kBackward) {

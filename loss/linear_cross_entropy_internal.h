@@ -36,8 +36,8 @@ namespace lce {
 
 enum class Pass { kForward, kForwardBackward, kBackward };
 
-// One validated call. Pointers refer to the caller's arguments; null = not
-// given.
+// One call, validated by the driver before the plan. Pointers refer to the
+// caller's arguments; null = not given.
 struct Problem {
   Pass pass = Pass::kForward;
   int64_t tokens = 0;  // N
@@ -49,6 +49,10 @@ struct Problem {
   const Tensor* lse = nullptr;   // output (forward, fused) or input (backward)
   const Tensor* grad_loss = nullptr;  // optional (fused), required (backward)
   const LinearCrossEntropyGradients* gradients = nullptr;  // fused, backward
+  // The context's stream is being captured into a CUDA graph: one stream, no
+  // wait for it (the target scan's verdict goes to the context's deferred
+  // error count).
+  bool capturing = false;
 
   DType operand_type() const { return inputs->hidden.dtype; }
   bool has_bias() const { return inputs->bias.has_value(); }
@@ -174,13 +178,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
                                                          const Plan& plan,
                                                          Context& context);
 #endif
-
-// InvalidArgument for targets outside [0, V) that are not ignore_index (when
-// validated) and for negative or NaN class weights, as the cross-entropy op
-// reports them.
-absl::Status CheckTargetStats(const ce::TargetStats& stats,
-                              const CrossEntropyOptions& options,
-                              int64_t tokens, int64_t vocab);
 
 // Power-of-two factor by which 16-bit f16 dlogits are scaled to stay clear of
 // underflow (the mean divides them by up to N): 1 for bf16 and f32, and for

@@ -1,0 +1,133 @@
+// The argument checks shared by the cross-entropy and the linear
+// cross-entropy: one set of messages (loss_checks.h).
+#include "loss/loss_checks.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "loss/loss_checks_cuda.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#endif
+
+namespace lossrt {
+namespace ce {
+
+absl::Status CheckOnContext(const Tensor& tensor, const Context& context,
+                            absl::string_view name) {
+  if (tensor.device != context.device()) {
+    return InvalidArgument(name, " is on ", tensor.device.ToString(),
+                           " but the context is on ",
+                           context.device().ToString());
+  }
+  if (tensor.data == nullptr && tensor.numel() > 0)
+    return InvalidArgument(name, ": null data");
+  if (tensor.rank() >= 2 && tensor.row_stride != 0 &&
+      tensor.row_stride < tensor.row_elements()) {
+    return InvalidArgument(name, ": row_stride ", tensor.row_stride,
+                           " is below the row length ", tensor.row_elements());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVocab(int64_t vocab, absl::string_view what) {
+  if (vocab < 1 || vocab > kMaxVocab) {
+    return InvalidArgument(what, ": the vocabulary (", vocab,
+                           ") must be in [1, ", kMaxVocab,
+                           "] (the kernels index a row in 32 bits)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLossTensor(const Tensor& tensor, Reduction reduction,
+                             int64_t tokens, const Context& context,
+                             absl::string_view name) {
+  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, name));
+  if (reduction == Reduction::kNone) {
+    RETURN_IF_ERROR(CheckShape(tensor, {tokens}, name));
+  } else if (tensor.numel() != 1 || tensor.rank() > 1) {
+    return InvalidArgument(
+        name, ": expected a scalar ([] or [1]) for mean/sum reduction, got ",
+        tensor.ShapeString());
+  }
+  return CheckOnContext(tensor, context, name);
+}
+
+absl::Status CheckLseTensor(const Tensor& tensor, int64_t tokens,
+                            const Context& context) {
+  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, "lse"));
+  RETURN_IF_ERROR(CheckShape(tensor, {tokens}, "lse"));
+  return CheckOnContext(tensor, context, "lse");
+}
+
+absl::Status CheckCrossEntropyOptions(const CrossEntropyOptions& options,
+                                      int64_t vocab, const Context& context) {
+  // Written so that NaN fails every range.
+  if (!(options.label_smoothing >= 0.0f && options.label_smoothing < 1.0f)) {
+    return InvalidArgument("label_smoothing must be in [0, 1), got ",
+                           options.label_smoothing);
+  }
+  if (!(options.z_loss >= 0.0f) || !std::isfinite(options.z_loss)) {
+    return InvalidArgument("z_loss must be finite and >= 0, got ",
+                           options.z_loss);
+  }
+  if (!(options.softcap >= 0.0f) || !std::isfinite(options.softcap)) {
+    return InvalidArgument("softcap must be finite and >= 0 (0 = off), got ",
+                           options.softcap);
+  }
+  if (options.class_weights.has_value()) {
+    const Tensor& weights = *options.class_weights;
+    RETURN_IF_ERROR(CheckDType(weights, {DType::kF32}, "class_weights"));
+    RETURN_IF_ERROR(CheckShape(weights, {vocab}, "class_weights"));
+    RETURN_IF_ERROR(CheckOnContext(weights, context, "class_weights"));
+  }
+  return absl::OkStatus();
+}
+
+bool ChecksTargetStats(const CrossEntropyOptions& options) {
+  return options.validate_targets || options.class_weights.has_value();
+}
+
+absl::Status CheckTargetStats(const TargetStats& stats,
+                              const CrossEntropyOptions& options,
+                              int64_t tokens, int64_t vocab) {
+  if (stats.negative_weights > 0) {
+    return InvalidArgument("class_weights: ", stats.negative_weights, " of ",
+                           vocab, " weights are negative or NaN");
+  }
+  if (options.validate_targets && stats.invalid > 0) {
+    return InvalidArgument(
+        "targets: ", stats.invalid, " of ", tokens, " are outside [0, ", vocab,
+        ") and not ignore_index (", options.ignore_index, ")");
+  }
+  return absl::OkStatus();
+}
+
+#ifdef LOSSRT_WITH_CUDA
+absl::Status ReadBackTargetStats(const TargetStats* stats, cudaStream_t stream,
+                                 const CrossEntropyOptions& options,
+                                 int64_t tokens, int64_t vocab,
+                                 TargetStats* host) {
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, stats, sizeof(*host),
+                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return CheckTargetStats(*host, options, tokens, vocab);
+}
+
+absl::Status DeferTargetStatsCheck(Context& context, const TargetStats* stats,
+                                   const CrossEntropyOptions& options,
+                                   cudaStream_t stream) {
+  if (!ChecksTargetStats(options)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(int64_t * count, DeferredErrorCountOf(context));
+  CUDA_RETURN_IF_ERROR(LaunchAddDeferredErrors(
+      stats, options.validate_targets, options.class_weights.has_value(), count,
+      stream));
+  return absl::OkStatus();
+}
+#endif
+
+}  // namespace ce
+}  // namespace lossrt
