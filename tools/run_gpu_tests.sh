@@ -6,21 +6,92 @@
 #
 #   gpu_stage/run_gpu_tests.sh                       # every test binary
 #   gpu_stage/run_gpu_tests.sh runtime_random_test   # some of them
+#   gpu_stage/run_gpu_tests.sh --sanitize=memcheck   # each under compute-sanitizer
 #
-# Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600), LOSSRT_TEST_SEED (replays
-# a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/ next to this script).
+# --sanitize=memcheck|racecheck|initcheck|synccheck runs each binary under
+# `compute-sanitizer --tool <tool> --error-exitcode 1`: a binary whose cases pass but in
+# which the tool reports an error fails (status SANITIZER, with the tool's error count).
+# memcheck runs every case; the slower racecheck, initcheck and synccheck only the cases
+# that use the GPU (the host cases run the same code as without the tool): by default the
+# gtest filter in GPU_CASES below (suites and parameters named cuda/Cuda/Gpu/..., and the
+# few suites whose GPU cases are not named so). GPU_SANITIZE_FILTER=<gtest filter> replaces
+# the default filter for every binary and GPU_SANITIZE_FILTER_<binary>=<filter> for one
+# (e.g. GPU_SANITIZE_FILTER_loss_cross_entropy_test='*cuda_bf16*'); '*' runs every case.
+#
+# Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
+# LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/
+# next to this script), COMPUTE_SANITIZER (the tool's path; default: compute-sanitizer on
+# PATH, else /usr/local/cuda/bin/compute-sanitizer).
 set -uo pipefail
 
 readonly HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly TIMEOUT=${GPU_TEST_TIMEOUT:-600}
 readonly LOGS=${GPU_TEST_LOGS:-${HERE}/logs}
+
+# The GPU cases, for the sanitizer tools that skip the host ones: names that say so, and
+# the suites whose GPU cases do not (they loop over the devices, or need a GPU throughout).
+readonly GPU_CASES='*cuda*:*Cuda*:*CUDA*:*gpu*:*Gpu*:*GPU*:GemmTuningTest.*:CopyTensorTest.HostDeviceRoundTrip:CopyTensorTest.DeviceTensorOnAnotherDeviceIsRejected:LinearResidualTest.*:LinearGeluTest.*:AddTest.*:AccumulateIntoTest.*:ZeroTest.*:GraphResidualTest.FusedResidualsMatchExplicitAdds:GraphLossHeadTest.*:AdamWTest.DecayMaskBoundaryIsExact:GradientNormTest.MatchesDoubleSum'
+
+sanitize=""
+names=()
+for arg in "$@"; do
+  case "${arg}" in
+    --sanitize=memcheck | --sanitize=racecheck | --sanitize=initcheck | --sanitize=synccheck)
+      sanitize=${arg#--sanitize=}
+      ;;
+    --sanitize=* | --sanitize)
+      echo "run_gpu_tests: ${arg}: expected --sanitize=memcheck|racecheck|initcheck|synccheck" >&2
+      exit 2
+      ;;
+    -*)
+      echo "run_gpu_tests: unknown option ${arg}" >&2
+      exit 2
+      ;;
+    *) names+=("${arg}") ;;
+  esac
+done
+
+sanitizer=""
+if [[ -n "${sanitize}" ]]; then
+  sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+  if [[ ! -x "${sanitizer}" ]]; then
+    echo "run_gpu_tests: --sanitize=${sanitize}: no compute-sanitizer at ${sanitizer} (set COMPUTE_SANITIZER)" >&2
+    exit 2
+  fi
+  readonly TIMEOUT=${GPU_TEST_TIMEOUT:-3600}
+else
+  readonly TIMEOUT=${GPU_TEST_TIMEOUT:-600}
+fi
 mkdir -p "${LOGS}"
+
+# The gtest filter of a binary under the sanitizer ("" = every case).
+sanitize_filter() {
+  local name=$1 override="GPU_SANITIZE_FILTER_$1"
+  if [[ -n "${!override:-}" ]]; then
+    echo "${!override}"
+  elif [[ -n "${GPU_SANITIZE_FILTER:-}" ]]; then
+    echo "${GPU_SANITIZE_FILTER}"
+  elif [[ "${sanitize}" == memcheck ]]; then
+    echo ""
+  else
+    echo "${GPU_CASES}"
+  fi
+}
+
+# The errors compute-sanitizer reported in a log ("ERROR SUMMARY: N errors", racecheck's
+# "RACECHECK SUMMARY: ... (N errors, M warnings)"), summed; empty when it printed none.
+sanitizer_errors() {
+  local counts
+  counts=$(sed -nE 's/^========= ERROR SUMMARY: ([0-9]+) errors?.*/\1/p' "$1")
+  [[ -z "${counts}" ]] &&
+    counts=$(sed -nE 's/^========= RACECHECK SUMMARY: .*\(([0-9]+) errors?.*/\1/p' "$1")
+  awk '{ sum += $1; found = 1 } END { if (found) print sum }' <<<"${counts}"
+}
 
 # The test binaries: executables in this folder (benchmarks and examples live in
 # subfolders), or the names given.
 tests=()
-if (($# > 0)); then
-  for name in "$@"; do tests+=("${HERE}/${name}"); done
+if ((${#names[@]} > 0)); then
+  for name in "${names[@]}"; do tests+=("${HERE}/${name}"); done
 else
   for path in "${HERE}"/*; do
     [[ -f "${path}" && -x "${path}" && "${path}" != *.sh ]] && tests+=("${path}")
@@ -43,7 +114,7 @@ rows=()
 failures=()
 for path in "${tests[@]}"; do
   name=$(basename "${path}")
-  log="${LOGS}/${name}.log"
+  log="${LOGS}/${name}${sanitize:+.${sanitize}}.log"
   if [[ ! -x "${path}" ]]; then
     rows+=("$(printf '%-44s %-9s %8s  %s' "${name}" MISSING - "no such binary")")
     failed=$((failed + 1))
@@ -52,17 +123,31 @@ for path in "${tests[@]}"; do
   # Like Bazel: run from the test's runfiles tree when it has one (data files).
   workdir="${HERE}"
   [[ -d "${path}.runfiles/lossrt" ]] && workdir="${path}.runfiles/lossrt"
+  command=("${path}" --gtest_color=no)
+  if [[ -n "${sanitize}" ]]; then
+    filter=$(sanitize_filter "${name}")
+    command=("${sanitizer}" --tool "${sanitize}" --error-exitcode 1 "${command[@]}")
+    [[ -n "${filter}" ]] && command+=("--gtest_filter=${filter}")
+  fi
   start=$(date +%s.%N)
   (cd "${workdir}" && TEST_SRCDIR="${path}.runfiles" \
-    timeout -k 30 "${TIMEOUT}" "${path}" --gtest_color=no) >"${log}" 2>&1 </dev/null
+    timeout -k 30 "${TIMEOUT}" "${command[@]}") >"${log}" 2>&1 </dev/null
   rc=$?
   seconds=$(awk -v s="${start}" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
   cases_passed=$(gtest_count PASSED "${log}")
   cases_skipped=$(gtest_count SKIPPED "${log}")
   cases_failed=$(gtest_count FAILED "${log}")
   cases="${cases_passed:-0} passed, ${cases_skipped:-0} skipped, ${cases_failed:-0} failed"
+  errors=""
+  if [[ -n "${sanitize}" ]]; then
+    errors=$(sanitizer_errors "${log}")
+    cases="${cases}, ${errors:-?} ${sanitize} errors"
+  fi
   if ((rc == 0)); then
     status=PASSED
+  elif [[ -n "${sanitize}" && "${errors:-0}" != 0 && -z "${cases_failed}" ]] &&
+    ((rc == 1)); then
+    status=SANITIZER
   elif ((rc == 124 || rc == 137)); then
     status=TIMEOUT
     cases="${cases} (killed after ${TIMEOUT}s)"
@@ -82,13 +167,20 @@ for path in "${tests[@]}"; do
 done
 
 for name in "${failures[@]}"; do
-  log="${LOGS}/${name}.log"
+  log="${LOGS}/${name}${sanitize:+.${sanitize}}.log"
   echo "===== ${name} (log: ${log})"
+  reported=0
+  if [[ -n "${sanitize}" && "$(sanitizer_errors "${log}")" =~ ^[1-9] ]]; then
+    # The tool's first reports (each starts with "========= <kind> ..."), then its summary.
+    grep '^=========' "${log}" | grep -v 'ERROR SUMMARY\|RACECHECK SUMMARY' | head -n 40
+    grep 'ERROR SUMMARY\|RACECHECK SUMMARY' "${log}" | tail -n 2
+    reported=1
+  fi
   if grep -qE '^\[  FAILED  \] [0-9]+ tests?, listed below' "${log}"; then
     # The failed cases, without GoogleTest's dump of their parameters.
     sed -nE '/^\[  FAILED  \] [0-9]+ tests?, listed below/,$ s/^\[  FAILED  \] ([^ ,]+).*/  \1/p' \
       "${log}" | grep -v '^  [0-9]' | head -n 40
-  else
+  elif ((reported == 0)); then
     tail -n 30 "${log}"  # crashed or timed out: where it stopped
   fi
 done
