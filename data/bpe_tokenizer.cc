@@ -168,24 +168,48 @@ class BpeTrainer {
   absl::flat_hash_map<uint64_t, int64_t> delta_;  // scratch of MergeOnce
 };
 
-// Checks merges as FromMerges documents; `error` builds the error message.
-template <typename Error>
-absl::Status CheckMerge(const BpeTokenizer::Merge& merge, size_t index,
-                        const absl::flat_hash_set<uint64_t>& seen,
-                        Error&& error) {
-  const int64_t limit = 256 + static_cast<int64_t>(index);
-  if (merge.first < 0 || merge.first >= limit || merge.second < 0 ||
-      merge.second >= limit) {
-    return error(absl::StrCat("merge ", index, " (", merge.first, ", ",
-                              merge.second, ") uses an id outside [0, ", limit,
-                              ")"));
+// What FromMerges checks of each merge, for it and for the file reader: the
+// ids, repeats, and the length of the token the merge makes.
+class MergeChecker {
+ public:
+  MergeChecker() : token_bytes_(256, 1) {}
+
+  // Checks the next merge (number 0, then 1, ...) and accepts it when valid;
+  // `error` builds the error from its message.
+  template <typename Error>
+  absl::Status Add(const BpeTokenizer::Merge& merge, Error&& error) {
+    const size_t index = token_bytes_.size() - 256;
+    const int64_t limit = static_cast<int64_t>(token_bytes_.size());
+    if (merge.first < 0 || merge.first >= limit || merge.second < 0 ||
+        merge.second >= limit) {
+      return error(absl::StrCat("merge ", index, " (", merge.first, ", ",
+                                merge.second, ") uses an id outside [0, ",
+                                limit, ")"));
+    }
+    const uint64_t key = PairKey(merge.first, merge.second);
+    if (seen_.contains(key)) {
+      return error(absl::StrCat("merge ", index, " (", merge.first, ", ",
+                                merge.second, ") repeats an earlier merge"));
+    }
+    // No word is longer than kMaxWordBytes, so a longer token could never be
+    // used; and without the limit a few dozen merges that each join the last
+    // token to itself would ask for a token of gigabytes.
+    const int bytes = token_bytes_[merge.first] + token_bytes_[merge.second];
+    if (bytes > kMaxWordBytes) {
+      return error(absl::StrCat("merge ", index, " (", merge.first, ", ",
+                                merge.second, ") makes a token of ", bytes,
+                                " bytes, longer than the longest word (",
+                                kMaxWordBytes, " bytes)"));
+    }
+    seen_.insert(key);
+    token_bytes_.push_back(bytes);
+    return absl::OkStatus();
   }
-  if (seen.contains(PairKey(merge.first, merge.second))) {
-    return error(absl::StrCat("merge ", index, " (", merge.first, ", ",
-                              merge.second, ") repeats an earlier merge"));
-  }
-  return absl::OkStatus();
-}
+
+ private:
+  absl::flat_hash_set<uint64_t> seen_;
+  std::vector<int> token_bytes_;  // [256 + merges accepted]: bytes per token
+};
 
 }  // namespace
 
@@ -233,13 +257,12 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromMerges(
     return InvalidArgument("too many BPE merges: ", merges.size(), " > ",
                            kMaxBpeVocabSize - 256);
   }
-  absl::flat_hash_set<uint64_t> seen;
+  MergeChecker checker;
   auto error = [](const std::string& message) {
     return absl::InvalidArgumentError(message);
   };
-  for (size_t i = 0; i < merges.size(); ++i) {
-    RETURN_IF_ERROR(CheckMerge(merges[i], i, seen, error));
-    seen.insert(PairKey(merges[i].first, merges[i].second));
+  for (const Merge& merge : merges) {
+    RETURN_IF_ERROR(checker.Add(merge, error));
   }
   return BpeTokenizer(std::move(merges));
 }
@@ -336,7 +359,7 @@ absl::StatusOr<BpeTokenizer> ReadBpeBody(TokenizerFileReader& reader) {
                                      " (which needs ", vocab_size - 256, ")"));
   }
   std::vector<BpeTokenizer::Merge> merges;
-  absl::flat_hash_set<uint64_t> seen;
+  MergeChecker checker;
   auto error = [&reader](const std::string& message) {
     return reader.Error(message);
   };
@@ -344,8 +367,7 @@ absl::StatusOr<BpeTokenizer> ReadBpeBody(TokenizerFileReader& reader) {
     ASSIGN_OR_RETURN(const auto pair, reader.IntPair(0, kMaxBpeVocabSize));
     const BpeTokenizer::Merge merge(static_cast<int32_t>(pair.first),
                                     static_cast<int32_t>(pair.second));
-    RETURN_IF_ERROR(CheckMerge(merge, merges.size(), seen, error));
-    seen.insert(PairKey(merge.first, merge.second));
+    RETURN_IF_ERROR(checker.Add(merge, error));
     merges.push_back(merge);
   }
   RETURN_IF_ERROR(reader.ExpectEnd());

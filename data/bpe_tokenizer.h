@@ -21,7 +21,7 @@
 //   vocab_size <V>              256 + number of merges
 //   merges <M>
 //   <left> <right>              M lines: merge i makes token 256 + i from two
-//                               ids < 256 + i
+//                               ids < 256 + i (checked as in FromMerges)
 //   end
 #ifndef LOSSRT_DATA_BPE_TOKENIZER_H_
 #define LOSSRT_DATA_BPE_TOKENIZER_H_
@@ -63,7 +63,9 @@ class BpeTokenizer final : public Tokenizer {
       const BpeTrainOptions& options = BpeTrainOptions());
 
   // A tokenizer from its merges: merge i makes token 256 + i and must join
-  // two ids below 256 + i; no pair may appear twice.
+  // two ids below 256 + i into a token of at most kMaxWordBytes bytes (the
+  // longest word, data/pretokenizer.h: a longer token could never be used);
+  // no pair may appear twice. Trained merges always pass.
   static absl::StatusOr<BpeTokenizer> FromMerges(std::vector<Merge> merges);
 
   // Reads a file written by Save (LoadTokenizer reads any kind).

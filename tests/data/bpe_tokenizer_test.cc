@@ -257,6 +257,56 @@ TEST(BpeTokenizerTest, RejectsBadArguments) {
   EXPECT_EQ(*tokenizer->Decode(std::vector<int32_t>{256, 'c'}), "abc");
 }
 
+// Merges whose token would be longer than a word are refused: such a token
+// can never be used, and a chain of merges that each join the last token to
+// itself doubles its length every line (40 lines asked for a 2^41-byte
+// token, which crashed the loader before the limit).
+TEST(BpeTokenizerTest, RejectsTokensLongerThanAWord) {
+  std::vector<Merge> doubling = {{'a', 'a'}};  // token 256: "aa"
+  while (doubling.size() < 6) {                // up to token 261: 64 bytes
+    const int32_t last = 255 + static_cast<int32_t>(doubling.size());
+    doubling.push_back({last, last});
+  }
+  auto tokenizer = BpeTokenizer::FromMerges(doubling);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(*tokenizer->TokenBytes(261), std::string(kMaxWordBytes, 'a'));
+  EXPECT_EQ(tokenizer->Encode(std::string(kMaxWordBytes, 'a')),
+            std::vector<int32_t>{261});
+  doubling.push_back({261, 261});  // 128 bytes
+  absl::Status status = BpeTokenizer::FromMerges(doubling).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("merge 6 (261, 261) makes a token of 128"),
+            std::string::npos)
+      << status;
+
+  // One byte at a time: 64 bytes pass, 65 do not.
+  std::vector<Merge> growing = {{'x', 'y'}};  // token 256: 2 bytes
+  for (int32_t id = 256; id < 256 + kMaxWordBytes - 2; ++id) {
+    growing.push_back({id, 'z'});
+  }
+  ASSERT_TRUE(BpeTokenizer::FromMerges(growing).ok());
+  growing.push_back({255 + static_cast<int32_t>(growing.size()), 'z'});
+  EXPECT_FALSE(BpeTokenizer::FromMerges(growing).ok());
+
+  // The file of 40 doubling merges.
+  std::string file =
+      "lossrt-tokenizer 1\nkind bpe\npretokenizer words-v1\n"
+      "vocab_size 296\nmerges 40\n97 97\n";
+  for (int id = 256; id < 256 + 39; ++id) {
+    absl::StrAppend(&file, id, " ", id, "\n");
+  }
+  file += "end\n";
+  const std::string path = MakeTempDir() + "/doubling.txt";
+  WriteFile(path, file);
+  for (const absl::Status& loaded :
+       {LoadTokenizer(path).status(), BpeTokenizer::Load(path).status()}) {
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument) << loaded;
+    // Line 12: the seventh merge.
+    EXPECT_NE(loaded.message().find(path + ":12: merge 6"), std::string::npos)
+        << loaded;
+  }
+}
+
 TEST(BpeTokenizerTest, SavesAndLoads) {
   std::mt19937_64 rng(test::TestSeed());
   const std::string text = EnglishLikeText(rng, 1000) + "\xC3\xA9\xff";
