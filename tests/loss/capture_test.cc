@@ -6,7 +6,8 @@
 // capture could not reject are counted in the context's deferred error count,
 // with NaN losses. What a capture cannot do fails cleanly: growing the
 // context's workspace, the f16 mean's backward of the linear cross-entropy.
-// The GPU cases skip without a GPU; the host-side decisions are checked on the
+// The GPU cases (suites *CudaGraphTest, so that run_gpu_tests.sh --sanitize
+// picks them) skip without a GPU; the host-side decisions are checked on the
 // CPU: a capturing linear cross-entropy plans one stream, and a CPU context's
 // deferred count stays 0.
 #include <cmath>
@@ -302,7 +303,7 @@ struct CeProblem {
 // The fused call, and the split forward then backward, each captured by
 // itself with the checks on: OK, the eager bytes at every replay, and bad
 // targets and weights counted (NaN loss) instead of rejected.
-TEST(CrossEntropyCaptureTest, ReplaysTheEagerBytesAndCountsBadValues) {
+TEST(CrossEntropyCudaGraphTest, ReplaysTheEagerBytesAndCountsBadValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(test::TestSeed());
   CeProblem p;
@@ -384,7 +385,7 @@ TEST(CrossEntropyCaptureTest, ReplaysTheEagerBytesAndCountsBadValues) {
 // Growing the workspace needs a wait for the stream: inside a capture the
 // call fails before launching anything, and the capture ends cleanly. Once
 // the workspace is reserved the same capture works.
-TEST(CrossEntropyCaptureTest, GrowingTheWorkspaceInACaptureFails) {
+TEST(CrossEntropyCudaGraphTest, GrowingTheWorkspaceInACaptureFails) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(test::TestSeed());
   CeProblem p;
@@ -412,7 +413,7 @@ TEST(CrossEntropyCaptureTest, GrowingTheWorkspaceInACaptureFails) {
 // (bf16, H = 4096, one token chunk), captured with the default options: one
 // stream, the bytes of the eager call with overlap_streams off, and bad
 // targets counted.
-TEST(LinearCrossEntropyCaptureTest,
+TEST(LinearCrossEntropyCudaGraphTest,
      ReplaysTheOneStreamBytesAndCountsBadTargets) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(test::TestSeed());
@@ -498,7 +499,7 @@ TEST(LinearCrossEntropyCaptureTest,
 // f16 operands: the mean's backward needs a host scale and fails inside a
 // capture before launching anything (the capture ends cleanly); the sum's
 // works.
-TEST(LinearCrossEntropyCaptureTest, F16MeanBackwardIsRefusedInACapture) {
+TEST(LinearCrossEntropyCudaGraphTest, F16MeanBackwardIsRefusedInACapture) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(test::TestSeed());
   absl::StatusOr<std::unique_ptr<Context>> created = GpuContext();
@@ -548,7 +549,7 @@ TEST(LinearCrossEntropyCaptureTest, F16MeanBackwardIsRefusedInACapture) {
 
 #else  // !LOSSRT_WITH_CUDA
 
-TEST(CrossEntropyCaptureTest, ReplaysTheEagerBytesAndCountsBadValues) {
+TEST(CrossEntropyCudaGraphTest, ReplaysTheEagerBytesAndCountsBadValues) {
   SKIP_WITHOUT_GPU();
 }
 
