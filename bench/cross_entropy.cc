@@ -230,25 +230,37 @@ absl::Status Sweep(Context& context, int64_t tokens,
                    const std::vector<int64_t>& vocabs, double copy_rate) {
   struct Variant {
     const char* name;
-    int kernel, stages, blocks_per_sm, warps_per_row, fast_sum = 0,
-                                                      l2_prefetch = 0;
+    int kernel = 0, blocks_per_sm = 0, warps_per_row = 0, fast_sum = 0,
+        l2_prefetch = 0, one_row_per_group = 0, exchange = 0;
   };
-  // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
-  // pipelined backward (ce::KernelChoice). warp/gN: N warps share a forward
-  // row; exact/fast: the forward's exponential sum; nopf/pf: the fused
-  // kernel's L2 prefetch off or on.
-  const std::vector<Variant> variants = {
-      {"auto", 0, 0, 0, 0},
-      {"cluster", 1, 0, 0, 0},
-      {"warp/g1", 0, 0, 0, 1},
-      {"warp/g2", 0, 0, 0, 2},
-      {"warp/g4", 0, 0, 0, 4},
-      {"pipe/s3", 2, 3, 0, 0},
-      {"auto/exact", 0, 0, 0, 0, 1},
-      {"auto/fast", 0, 0, 0, 0, 2},
-      {"auto/nopf", 0, 0, 0, 0, 0, -1},
-      {"auto/pf", 0, 0, 0, 0, 0, 1},
-  };
+  // ce::LaunchTuning's fields: kernel 0 automatic, 1 the fused kernel without
+  // the next-row variant; warp/gN: N warps share a forward row; exact/fast:
+  // the forward's exponential sum; nopf/pf: the fused kernel's L2 prefetch
+  // off or on; np: one row a CTA group (not persistent); pers: the
+  // backward's persistent grid; barrier: the fused clusters' barrier
+  // exchange in place of the mbarrier one.
+  std::vector<Variant> variants(12);
+  variants[0].name = "auto";
+  variants[1].name = "cluster";
+  variants[1].kernel = 1;
+  for (int g = 0; g < 3; ++g) {
+    variants[2 + g].name = g == 0 ? "warp/g1" : g == 1 ? "warp/g2" : "warp/g4";
+    variants[2 + g].warps_per_row = 1 << g;
+  }
+  variants[5].name = "auto/exact";
+  variants[5].fast_sum = 1;
+  variants[6].name = "auto/fast";
+  variants[6].fast_sum = 2;
+  variants[7].name = "auto/nopf";
+  variants[7].l2_prefetch = -1;
+  variants[8].name = "auto/pf";
+  variants[8].l2_prefetch = 1;
+  variants[9].name = "auto/np";
+  variants[9].one_row_per_group = 1;
+  variants[10].name = "bwd/pers";
+  variants[10].one_row_per_group = -1;
+  variants[11].name = "fused/barrier";
+  variants[11].exchange = -1;
 
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context.device()));
@@ -299,12 +311,13 @@ absl::Status Sweep(Context& context, int64_t tokens,
       for (const Variant& variant : variants) {
         const ce::RowArgs args = forward_args();
         ce::LaunchTuning tuning;
-        tuning.stages = variant.stages;
         tuning.kernel = static_cast<ce::KernelChoice>(variant.kernel);
         tuning.blocks_per_sm = variant.blocks_per_sm;
         tuning.warps_per_row = variant.warps_per_row;
         tuning.fast_sum = variant.fast_sum;
         tuning.l2_prefetch = variant.l2_prefetch;
+        tuning.one_row_per_group = variant.one_row_per_group;
+        tuning.exchange = variant.exchange;
         double pct[3], us[3];
         for (int op = 0; op < 3; ++op) {
           ce::RowArgs run = args;
