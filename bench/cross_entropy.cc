@@ -57,6 +57,11 @@ ABSL_FLAG(float, label_smoothing, 0.0f,
           "label smoothing of every timed call (0: off; on, the kernels take "
           "their options path)");
 ABSL_FLAG(float, softcap, 0.0f, "soft cap of every timed call (0: off)");
+ABSL_FLAG(float, z_loss, 0.0f, "z-loss scale of every timed call (0: off)");
+ABSL_FLAG(bool, class_weights, false,
+          "random class weights in [0.5, 1.5] on every timed call");
+ABSL_FLAG(int, ignore_every, 0,
+          "set every Nth target to ignore_index (-100); 0: none");
 ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
@@ -125,6 +130,13 @@ absl::StatusOr<Check> CheckAgainstCpu(Context& gpu, const Tensor& logits,
   RETURN_IF_ERROR(CopyTensor(head(targets), host_targets.view, gpu));
   RETURN_IF_ERROR(CopyTensor(head(lse), gpu_lse.view, gpu));
   RETURN_IF_ERROR(CopyTensor(head(grad), gpu_grad.view, gpu));
+  OwnedTensor host_weights;
+  if (options.class_weights.has_value()) {
+    ASSIGN_OR_RETURN(host_weights,
+                     EmptyTensor(cpu->allocator(), DType::kF32, {vocab}));
+    RETURN_IF_ERROR(CopyTensor(*options.class_weights, host_weights.view, gpu));
+    options.class_weights = host_weights.view;
+  }
   // Sum reduction scaled by 1/tokens gives the rows' share of the full batch's
   // mean.
   options.reduction = Reduction::kSum;
@@ -432,6 +444,8 @@ absl::Status Run() {
   options.validate_targets = absl::GetFlag(FLAGS_validate_targets);
   options.label_smoothing = absl::GetFlag(FLAGS_label_smoothing);
   options.softcap = absl::GetFlag(FLAGS_softcap);
+  options.z_loss = absl::GetFlag(FLAGS_z_loss);
+  const int ignore_every = absl::GetFlag(FLAGS_ignore_every);
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count());
@@ -451,6 +465,23 @@ absl::Status Run() {
       ASSIGN_OR_RETURN(OwnedTensor targets, EmptyTensor(context->allocator(),
                                                         DType::kI64, {tokens}));
       RETURN_IF_ERROR(FillRandomInt(targets.view, ++seed, 0, vocab, *context));
+      if (ignore_every > 0) {
+        std::vector<int64_t> host(tokens);
+        const Tensor host_view =
+            Tensor::Of(host.data(), DType::kI64, {tokens}, Device::Cpu());
+        RETURN_IF_ERROR(CopyTensor(targets.view, host_view, *context));
+        for (int64_t i = 0; i < tokens; i += ignore_every) host[i] = -100;
+        RETURN_IF_ERROR(CopyTensor(host_view, targets.view, *context));
+      }
+      OwnedTensor weights;
+      options.class_weights.reset();
+      if (absl::GetFlag(FLAGS_class_weights)) {
+        ASSIGN_OR_RETURN(
+            weights, EmptyTensor(context->allocator(), DType::kF32, {vocab}));
+        RETURN_IF_ERROR(
+            FillUniform(weights.view, ++seed, 0.5f, 1.5f, *context));
+        options.class_weights = weights.view;
+      }
       ASSIGN_OR_RETURN(OwnedTensor grad, EmptyTensor(context->allocator(),
                                                      dtype, {tokens, vocab}));
       ASSIGN_OR_RETURN(OwnedTensor loss,
@@ -525,7 +556,10 @@ absl::Status Run() {
         rows.back().ceilings = ceilings;
       }
       RETURN_IF_ERROR(context->Synchronize());
-      if (!device.is_cpu()) {
+      // The check scales the first rows' sum by 1 / tokens: the mean's
+      // denominator only without class weights and ignored targets.
+      if (!device.is_cpu() && !options.class_weights.has_value() &&
+          ignore_every == 0) {
         ASSIGN_OR_RETURN(Check check,
                          CheckAgainstCpu(*context, logits[0].view, targets.view,
                                          lse.view, grad.view, options));
@@ -535,9 +569,12 @@ absl::Status Run() {
   }
   std::printf(
       "\ncross-entropy, tokens=%lld, mean reduction, validate_targets=%d, "
-      "label_smoothing=%g, softcap=%g, %s\n",
+      "label_smoothing=%g, softcap=%g, z_loss=%g, class_weights=%d, "
+      "ignore_every=%d, %s\n",
       static_cast<long long>(tokens), options.validate_targets ? 1 : 0,
-      options.label_smoothing, options.softcap, device_name.c_str());
+      options.label_smoothing, options.softcap, options.z_loss,
+      absl::GetFlag(FLAGS_class_weights) ? 1 : 0, ignore_every,
+      device_name.c_str());
   std::printf(
       "%%ceiling: plain-kernel time / ours; forward against the read ceiling, "
       "backward and fused against the copy ceiling\n");
@@ -574,12 +611,15 @@ absl::Status Run() {
           "\"%s\", \"op\": \"%s\", \"median_us\": %.2f, "
           "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
           "\"validate_targets\": %s, \"label_smoothing\": %g, "
-          "\"softcap\": %g, \"read_ceiling_us\": %.2f, "
+          "\"softcap\": %g, \"z_loss\": %g, \"class_weights\": %s, "
+          "\"ignore_every\": %d, \"read_ceiling_us\": %.2f, "
           "\"copy_ceiling_us\": %.2f, \"%s\": %.1f}\n",
           device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
           hbm_peak / 1e9, copy_rate / 1e9,
           options.validate_targets ? "true" : "false", options.label_smoothing,
-          options.softcap, row.ceilings.read_us, row.ceilings.copy_us,
+          options.softcap, options.z_loss,
+          absl::GetFlag(FLAGS_class_weights) ? "true" : "false", ignore_every,
+          row.ceilings.read_us, row.ceilings.copy_us,
           reads_only ? "read_ceiling_pct" : "copy_ceiling_pct", ceiling_pct);
     }
   }
