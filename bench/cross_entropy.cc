@@ -58,6 +58,11 @@ ABSL_FLAG(float, label_smoothing, 0.0f,
           "label smoothing of every timed call (0: off; on, the kernels take "
           "their options path)");
 ABSL_FLAG(float, softcap, 0.0f, "soft cap of every timed call (0: off)");
+ABSL_FLAG(float, z_loss, 0.0f, "z-loss scale of every timed call (0: off)");
+ABSL_FLAG(bool, class_weights, false,
+          "random class weights in [0.5, 1.5] on every timed call");
+ABSL_FLAG(int, ignore_every, 0,
+          "set every Nth target to ignore_index (-100); 0: none");
 ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
@@ -126,6 +131,13 @@ absl::StatusOr<Check> CheckAgainstCpu(Context& gpu, const Tensor& logits,
   RETURN_IF_ERROR(CopyTensor(head(targets), host_targets.view, gpu));
   RETURN_IF_ERROR(CopyTensor(head(lse), gpu_lse.view, gpu));
   RETURN_IF_ERROR(CopyTensor(head(grad), gpu_grad.view, gpu));
+  OwnedTensor host_weights;
+  if (options.class_weights.has_value()) {
+    ASSIGN_OR_RETURN(host_weights,
+                     EmptyTensor(cpu->allocator(), DType::kF32, {vocab}));
+    RETURN_IF_ERROR(CopyTensor(*options.class_weights, host_weights.view, gpu));
+    options.class_weights = host_weights.view;
+  }
   // Sum reduction scaled by 1/tokens gives the rows' share of the full batch's
   // mean.
   options.reduction = Reduction::kSum;
@@ -231,25 +243,37 @@ absl::Status Sweep(Context& context, int64_t tokens,
                    const std::vector<int64_t>& vocabs, double copy_rate) {
   struct Variant {
     const char* name;
-    int kernel, stages, blocks_per_sm, warps_per_row, fast_sum = 0,
-                                                      l2_prefetch = 0;
+    int kernel = 0, blocks_per_sm = 0, warps_per_row = 0, fast_sum = 0,
+        l2_prefetch = 0, one_row_per_group = 0, exchange = 0;
   };
-  // kernel: 0 automatic, 1 register/cluster (fused) and streaming backward, 2
-  // pipelined backward (ce::KernelChoice). warp/gN: N warps share a forward
-  // row; exact/fast: the forward's exponential sum; nopf/pf: the fused
-  // kernel's L2 prefetch off or on.
-  const std::vector<Variant> variants = {
-      {"auto", 0, 0, 0, 0},
-      {"cluster", 1, 0, 0, 0},
-      {"warp/g1", 0, 0, 0, 1},
-      {"warp/g2", 0, 0, 0, 2},
-      {"warp/g4", 0, 0, 0, 4},
-      {"pipe/s3", 2, 3, 0, 0},
-      {"auto/exact", 0, 0, 0, 0, 1},
-      {"auto/fast", 0, 0, 0, 0, 2},
-      {"auto/nopf", 0, 0, 0, 0, 0, -1},
-      {"auto/pf", 0, 0, 0, 0, 0, 1},
-  };
+  // ce::LaunchTuning's fields: kernel 0 automatic, 1 the fused kernel without
+  // the next-row variant; warp/gN: N warps share a forward row; exact/fast:
+  // the forward's exponential sum; nopf/pf: the fused kernel's L2 prefetch
+  // off or on; np: one row a CTA group (not persistent); pers: the
+  // backward's persistent grid; barrier: the fused clusters' barrier
+  // exchange in place of the mbarrier one.
+  std::vector<Variant> variants(12);
+  variants[0].name = "auto";
+  variants[1].name = "cluster";
+  variants[1].kernel = 1;
+  for (int g = 0; g < 3; ++g) {
+    variants[2 + g].name = g == 0 ? "warp/g1" : g == 1 ? "warp/g2" : "warp/g4";
+    variants[2 + g].warps_per_row = 1 << g;
+  }
+  variants[5].name = "auto/exact";
+  variants[5].fast_sum = 1;
+  variants[6].name = "auto/fast";
+  variants[6].fast_sum = 2;
+  variants[7].name = "auto/nopf";
+  variants[7].l2_prefetch = -1;
+  variants[8].name = "auto/pf";
+  variants[8].l2_prefetch = 1;
+  variants[9].name = "auto/np";
+  variants[9].one_row_per_group = 1;
+  variants[10].name = "bwd/pers";
+  variants[10].one_row_per_group = -1;
+  variants[11].name = "fused/barrier";
+  variants[11].exchange = -1;
 
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context.device()));
@@ -296,12 +320,13 @@ absl::Status Sweep(Context& context, int64_t tokens,
       for (const Variant& variant : variants) {
         const ce::RowArgs args = forward_args();
         ce::LaunchTuning tuning;
-        tuning.stages = variant.stages;
         tuning.kernel = static_cast<ce::KernelChoice>(variant.kernel);
         tuning.blocks_per_sm = variant.blocks_per_sm;
         tuning.warps_per_row = variant.warps_per_row;
         tuning.fast_sum = variant.fast_sum;
         tuning.l2_prefetch = variant.l2_prefetch;
+        tuning.one_row_per_group = variant.one_row_per_group;
+        tuning.exchange = variant.exchange;
         double pct[3], us[3];
         for (int op = 0; op < 3; ++op) {
           ce::RowArgs run = args;
@@ -416,6 +441,8 @@ absl::Status Run() {
   options.validate_targets = absl::GetFlag(FLAGS_validate_targets);
   options.label_smoothing = absl::GetFlag(FLAGS_label_smoothing);
   options.softcap = absl::GetFlag(FLAGS_softcap);
+  options.z_loss = absl::GetFlag(FLAGS_z_loss);
+  const int ignore_every = absl::GetFlag(FLAGS_ignore_every);
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count());
@@ -435,6 +462,23 @@ absl::Status Run() {
       ASSIGN_OR_RETURN(OwnedTensor targets, EmptyTensor(context->allocator(),
                                                         DType::kI64, {tokens}));
       RETURN_IF_ERROR(FillRandomInt(targets.view, ++seed, 0, vocab, *context));
+      if (ignore_every > 0) {
+        std::vector<int64_t> host(tokens);
+        const Tensor host_view =
+            Tensor::Of(host.data(), DType::kI64, {tokens}, Device::Cpu());
+        RETURN_IF_ERROR(CopyTensor(targets.view, host_view, *context));
+        for (int64_t i = 0; i < tokens; i += ignore_every) host[i] = -100;
+        RETURN_IF_ERROR(CopyTensor(host_view, targets.view, *context));
+      }
+      OwnedTensor weights;
+      options.class_weights.reset();
+      if (absl::GetFlag(FLAGS_class_weights)) {
+        ASSIGN_OR_RETURN(
+            weights, EmptyTensor(context->allocator(), DType::kF32, {vocab}));
+        RETURN_IF_ERROR(
+            FillUniform(weights.view, ++seed, 0.5f, 1.5f, *context));
+        options.class_weights = weights.view;
+      }
       ASSIGN_OR_RETURN(OwnedTensor grad, EmptyTensor(context->allocator(),
                                                      dtype, {tokens, vocab}));
       ASSIGN_OR_RETURN(OwnedTensor loss,
@@ -509,7 +553,10 @@ absl::Status Run() {
         rows.back().ceilings = ceilings;
       }
       RETURN_IF_ERROR(context->Synchronize());
-      if (!device.is_cpu()) {
+      // The check scales the first rows' sum by 1 / tokens: the mean's
+      // denominator only without class weights and ignored targets.
+      if (!device.is_cpu() && !options.class_weights.has_value() &&
+          ignore_every == 0) {
         ASSIGN_OR_RETURN(Check check,
                          CheckAgainstCpu(*context, logits[0].view, targets.view,
                                          lse.view, grad.view, options));
@@ -519,9 +566,12 @@ absl::Status Run() {
   }
   std::printf(
       "\ncross-entropy, tokens=%lld, mean reduction, validate_targets=%d, "
-      "label_smoothing=%g, softcap=%g, %s\n",
+      "label_smoothing=%g, softcap=%g, z_loss=%g, class_weights=%d, "
+      "ignore_every=%d, %s\n",
       static_cast<long long>(tokens), options.validate_targets ? 1 : 0,
-      options.label_smoothing, options.softcap, device_name.c_str());
+      options.label_smoothing, options.softcap, options.z_loss,
+      absl::GetFlag(FLAGS_class_weights) ? 1 : 0, ignore_every,
+      device_name.c_str());
   std::printf(
       "%%ceiling: plain-kernel time / ours; forward against the read ceiling, "
       "backward and fused against the copy ceiling\n");
@@ -558,12 +608,15 @@ absl::Status Run() {
           "\"%s\", \"op\": \"%s\", \"median_us\": %.2f, "
           "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
           "\"validate_targets\": %s, \"label_smoothing\": %g, "
-          "\"softcap\": %g, \"read_ceiling_us\": %.2f, "
+          "\"softcap\": %g, \"z_loss\": %g, \"class_weights\": %s, "
+          "\"ignore_every\": %d, \"read_ceiling_us\": %.2f, "
           "\"copy_ceiling_us\": %.2f, \"%s\": %.1f}\n",
           device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
           hbm_peak / 1e9, copy_rate / 1e9,
           options.validate_targets ? "true" : "false", options.label_smoothing,
-          options.softcap, row.ceilings.read_us, row.ceilings.copy_us,
+          options.softcap, options.z_loss,
+          absl::GetFlag(FLAGS_class_weights) ? "true" : "false", ignore_every,
+          row.ceilings.read_us, row.ceilings.copy_us,
           reads_only ? "read_ceiling_pct" : "copy_ceiling_pct", ceiling_pct);
     }
   }

@@ -267,6 +267,7 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
     const int64_t rows_per_group = (args.rows + max_groups - 1) / max_groups;
     groups = (args.rows + rows_per_group - 1) / rows_per_group;
   }
+  if (tuning.one_row_per_group > 0) groups = args.rows;
   const int64_t blocks = (groups * warps_per_row + 7) / 8;
   return LaunchDependent(args.follows_scan, kernel,
                          static_cast<unsigned>(blocks), 256, 0, 1, stream, args,

@@ -29,7 +29,106 @@ struct RowShared {
   RowStats cluster_slot[2];  // this CTA's partial, double-buffered by the
                              // parity of the reduction
   RowStats row_final;
+  // The mbarrier exchange (use_mbarrier): every CTA of the cluster writes its
+  // partial of a row into slot [parity][its rank] of every CTA with st.async,
+  // and each waits on its own mbarrier [parity] for the cluster's bytes, so
+  // no CTA waits for the others to arrive at a barrier, only for their data.
+  RowStats peer_slots[2][kMaxCluster];
+  uint64_t peer_arrived[2];
+  unsigned phase_bits;  // the phase of each mbarrier [parity] to wait for
+  bool use_mbarrier;
 };
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// Sets up the mbarrier exchange of a cluster's CTAs; every thread of the CTA
+// calls it before the first row. Ends with a cluster barrier, so that no CTA
+// writes into a peer whose mbarriers are not set up yet.
+__device__ __forceinline__ void InitRowExchange(RowShared& shared,
+                                                int cluster_size,
+                                                bool use_mbarrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    shared.use_mbarrier = use_mbarrier && cluster_size > 1;
+    shared.phase_bits = 0;
+    if (shared.use_mbarrier) {
+      for (int p = 0; p < 2; ++p) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+                         SharedAddress(&shared.peer_arrived[p]))
+                     : "memory");
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+  }
+  if (cluster_size > 1) {
+    cg::this_cluster().sync();
+  } else {
+    __syncthreads();
+  }
+#else
+  if (threadIdx.x == 0) shared.use_mbarrier = false;
+  __syncthreads();
+#endif
+}
+
+// The cluster's partials of a row through the mbarrier exchange (warp 0 of
+// each CTA; `block` is this CTA's partial in every lane): the row's stats, the
+// same bits in every CTA (each combines the slots in rank order).
+template <bool kWeighted>
+__device__ __forceinline__ RowStats ExchangeRowStats(const RowStats& block,
+                                                     RowShared& shared,
+                                                     int cluster_size,
+                                                     int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int lane = threadIdx.x & 31;
+  const uint32_t barrier = SharedAddress(&shared.peer_arrived[parity]);
+  const unsigned phase = (shared.phase_bits >> parity) & 1u;
+  const unsigned rank = cg::this_cluster().block_rank();
+  if (lane == 0) {
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
+        "r"(cluster_size * static_cast<int>(sizeof(RowStats)))
+        : "memory");
+  }
+  if (lane < cluster_size) {
+    uint32_t remote_slot, remote_barrier;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote_slot)
+                 : "r"(SharedAddress(&shared.peer_slots[parity][rank])),
+                   "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote_barrier)
+                 : "r"(barrier), "r"(lane));
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], "
+        "{%1, %2, %3, %4}, [%5];" ::"r"(remote_slot),
+        "r"(__float_as_uint(block.max)), "r"(__float_as_uint(block.rest)),
+        "r"(__float_as_uint(block.target_logit)),
+        "r"(__float_as_uint(block.weighted_sum)), "r"(remote_barrier)
+        : "memory");
+  }
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(barrier), "r"(phase)
+        : "memory");
+  }
+  RowStats part =
+      lane < cluster_size ? shared.peer_slots[parity][lane] : IdentityStats();
+  __syncwarp();
+  if (lane == 0) shared.phase_bits ^= 1u << parity;
+  return WarpReduce<kWeighted>(part);
+#else
+  return block;
+#endif
+}
 
 // Block (and cluster) reduction of per-thread stats; every thread gets the
 // row's stats.
@@ -46,12 +145,16 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
     block = WarpReduce<kWeighted>(block);
     if (cluster_size == 1) {
       if (lane == 0) shared.row_final = block;
+    } else if (shared.use_mbarrier) {
+      const RowStats total =
+          ExchangeRowStats<kWeighted>(block, shared, cluster_size, parity);
+      if (lane == 0) shared.row_final = total;
     } else {
       if (lane == 0) shared.cluster_slot[parity] = block;
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster_size > 1) {
+  if (cluster_size > 1 && !shared.use_mbarrier) {
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every CTA's partial of this row is in its slot
     if (warp == 0) {
@@ -209,9 +312,11 @@ enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
           int kMode, bool kSoftcap = false>
 __global__ void __launch_bounds__(kMaxThreads, 2)
-    RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2) {
+    RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2,
+              bool mbarrier_exchange) {
   using TileT = Tile<T, R, kVec>;
   __shared__ RowShared shared;
+  InitRowExchange(shared, cluster_size, mbarrier_exchange);
   const int rank =
       cluster_size > 1 ? static_cast<int>(blockIdx.x % cluster_size) : 0;
   const int64_t cluster_id = blockIdx.x / cluster_size;
@@ -332,7 +437,8 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
       ChooseRowLaunch(vecs, kPrefetchR, DeviceMajor() >= 9);
   const bool prefetch = kCanPrefetch && prefetch_launch.tiles == 1 &&
                         prefetch_launch.cluster_size == 1 &&
-                        tuning.kernel != KernelChoice::kCluster;
+                        tuning.kernel != KernelChoice::kCluster &&
+                        tuning.one_row_per_group <= 0;
   const RowLaunch launch =
       prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
   auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
@@ -366,7 +472,9 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
     if (error != cudaSuccess) return error;
     max_clusters = int64_t{per_sm > 0 ? per_sm : 1} * num_sms;
   }
-  const int64_t clusters = args.rows < max_clusters ? args.rows : max_clusters;
+  const int64_t clusters =
+      args.rows < max_clusters || tuning.one_row_per_group > 0 ? args.rows
+                                                               : max_clusters;
   // L2 prefetch of a row ahead (LaunchTuning::l2_prefetch: -1 off, 1 on), for
   // 16-bit rows and fp32 rows on one CTA or a full cluster: in same-run A/Bs
   // on the H200 it paid there and lost on fp32 clusters of 2 and 4 CTAs,
@@ -379,7 +487,8 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
   return LaunchDependent(args.follows_scan, kernel,
                          static_cast<unsigned>(clusters * launch.cluster_size),
                          launch.threads, 0, launch.cluster_size, stream, args,
-                         launch.cluster_size, launch.tiles, prefetch_l2);
+                         launch.cluster_size, launch.tiles, prefetch_l2,
+                         tuning.exchange >= 0);
 }
 
 // The fused kernel for (T, G) rows, with the soft-capped variant where the cap
@@ -404,7 +513,6 @@ cudaError_t LaunchFusedRowKernel(const RowArgs& args,
 template <typename... Pairs>
 cudaError_t LaunchFusedRowsOf(const RowArgs& args, const LaunchTuning& tuning,
                               int num_sms, cudaStream_t stream) {
-  if (tuning.kernel == KernelChoice::kPipelined) return cudaErrorInvalidValue;
   return DispatchRowKernels<true>(
       args,
       [&](auto logits_tag, auto grad_tag, auto vec, auto opt) -> cudaError_t {

@@ -106,11 +106,12 @@ cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// Whether a soft cap, label smoothing or class weights are on: the kernels
-// without them (kOpt false) leave their code out.
+// Whether the rows need the option kernels (kOpt): a soft cap or label
+// smoothing, which touch every logit. Class weights alone only weigh each
+// row's target and the mean's denominator (RowCoefficients, the target scan),
+// which every kernel does, so they keep the plain kernels.
 inline bool HasOptions(const RowArgs& args) {
-  return args.softcap > 0.0f || args.label_smoothing > 0.0f ||
-         args.class_weights != nullptr;
+  return args.softcap > 0.0f || args.label_smoothing > 0.0f;
 }
 
 // Calls launch(TypeTag<T>, TypeTag<G>, kVec, kOpt) (the last two as

@@ -201,12 +201,32 @@ __device__ __forceinline__ float SmoothingWeight(const float* weights,
   return weights != nullptr ? weights[min(index, vocab - 1)] : 1.0f;
 }
 
+// Sum of v[0..kN) as a balanced tree: a dependency chain of log2(kN) adds.
+template <int kN>
+__device__ __forceinline__ float PairwiseSum(const float* v) {
+  if constexpr (kN == 1) {
+    return v[0];
+  } else {
+    return PairwiseSum<kN / 2>(v) + PairwiseSum<kN - kN / 2>(v + kN / 2);
+  }
+}
+
 // Adds label smoothing's w_j * z_j over the piece at `base` to `sum`, elements
-// past the vocabulary left out.
+// past the vocabulary left out. A whole piece adds its own tree sum, so that
+// the running sum's chain grows by one add a piece, not one a logit (a chain
+// of a logit's adds made the smoothing forward latency-bound).
 template <int kW>
 __device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
                                                int vocab, const float* weights,
                                                float& sum) {
+  if (base + kW <= vocab) {
+    float terms[kW];
+#pragma unroll
+    for (int j = 0; j < kW; ++j)
+      terms[j] = weights != nullptr ? weights[base + j] * x[j] : x[j];
+    sum += PairwiseSum<kW>(terms);
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kW; ++j) {
     if (base + j < vocab)
