@@ -10,6 +10,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/kernel_args.h"
 #include "loss/loss_checks.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -24,9 +25,7 @@ namespace {
 
 constexpr int64_t kAlign = 256;
 
-int64_t AlignUp(int64_t bytes) {
-  return (bytes + kAlign - 1) / kAlign * kAlign;
-}
+int64_t AlignUp(int64_t bytes) { return RoundUp(bytes, kAlign); }
 
 struct Problem {
   int64_t tokens = 0;

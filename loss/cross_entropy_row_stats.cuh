@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "loss/cross_entropy_kernels.h"
+#include "runtime/device_convert.cuh"
 
 namespace lossrt {
 namespace ce {
@@ -24,35 +25,8 @@ __device__ __forceinline__ float QuietNaN() {
   return __int_as_float(0x7fffffff);
 }
 
-template <typename T>
-__device__ __forceinline__ float ToFloat(T value);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half value) {
-  return __half2float(value);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float value);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float value) {
-  return __float2half_rn(value);
-}
+using device_convert::FromFloat;
+using device_convert::ToFloat;
 
 // Raw storage of kW elements of T: one 16/8/4/2-byte access.
 template <int kBytes>

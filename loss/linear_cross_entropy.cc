@@ -14,6 +14,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/loss_checks.h"
+#include "runtime/int_math.h"
 #include "runtime/status.h"
 
 #ifdef LOSSRT_WITH_CUDA
@@ -38,13 +39,9 @@ constexpr int64_t kGemmWorkspaceBytes = 16 * kMiB;
 constexpr int64_t kTokenChunksGemmWorkspaceShare = 64;
 constexpr int64_t kTwoPassGemmWorkspaceShare = 16;
 
-int64_t RoundUp(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 int64_t RoundDown(int64_t value, int64_t multiple) {
   return value / multiple * multiple;
 }
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What the runtime allocator hands out (and counts) for a request of `bytes`:
 // small blocks round to 256 B, large ones to 2 MiB (runtime/allocator.cc).
@@ -122,8 +119,9 @@ Rates RatesFor(const PlanInput& in) {
 // the GEMM's compute, as measured: they add.
 double GemmSeconds(const Rates& rates, int64_t token_rows, double flops,
                    double bytes, double accumulator_bytes = 0) {
-  const double efficiency = static_cast<double>(token_rows) /
-                            static_cast<double>(RoundUp(token_rows, 128));
+  const double efficiency =
+      static_cast<double>(token_rows) /
+      static_cast<double>(RoundUp(token_rows, int64_t{128}));
   return std::max(flops / (rates.flops * efficiency),
                   bytes / rates.bytes_per_second) +
          accumulator_bytes / rates.bytes_per_second + rates.launch_seconds;
@@ -185,7 +183,8 @@ int64_t ChunkRows(int64_t tokens, int64_t max_rows) {
   max_rows = std::min(max_rows, tokens);
   const int64_t chunks = CeilDiv(tokens, max_rows);
   const int64_t balanced = CeilDiv(tokens, chunks);
-  return max_rows >= 64 ? std::min(max_rows, RoundUp(balanced, 64)) : balanced;
+  return max_rows >= 64 ? std::min(max_rows, RoundUp(balanced, int64_t{64}))
+                        : balanced;
 }
 
 struct Candidate {
@@ -204,7 +203,7 @@ Candidate PlanSchedule(const PlanInput& in,
   Candidate out;
   Plan& plan = out.plan;
   plan.schedule = schedule;
-  plan.chunk_ld = RoundUp(v, 8);
+  plan.chunk_ld = RoundUp(v, int64_t{8});
   plan.gemm_workspace_bytes =
       in.device == DeviceKind::kCuda
           ? std::min<int64_t>(

@@ -9,6 +9,7 @@
 
 #include "loss/linear_cross_entropy_cuda.h"
 #include "loss/linear_cross_entropy_kernels.h"
+#include "runtime/device_convert.cuh"
 
 namespace lossrt {
 namespace lce {
@@ -18,12 +19,16 @@ constexpr int kThreads = 256;
 constexpr int kPerThread = 4;  // one float4 of logits per thread and tile
 constexpr int kTile = kThreads * kPerThread;
 
+using device_convert::FromFloat;
+using device_convert::ToFloat;
+
+// Element i of a row of `type` (ce::ElementType), as a float.
 __device__ __forceinline__ float Load(const void* base, int type, int64_t i) {
   switch (type) {
     case ce::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+      return ToFloat(static_cast<const __nv_bfloat16*>(base)[i]);
     case ce::kF16:
-      return __half2float(static_cast<const __half*>(base)[i]);
+      return ToFloat(static_cast<const __half*>(base)[i]);
     default:
       return static_cast<const float*>(base)[i];
   }
@@ -33,10 +38,10 @@ __device__ __forceinline__ void Store(void* base, int type, int64_t i,
                                       float value) {
   switch (type) {
     case ce::kBF16:
-      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(value);
+      static_cast<__nv_bfloat16*>(base)[i] = FromFloat<__nv_bfloat16>(value);
       break;
     case ce::kF16:
-      static_cast<__half*>(base)[i] = __float2half_rn(value);
+      static_cast<__half*>(base)[i] = FromFloat<__half>(value);
       break;
     default:
       static_cast<float*>(base)[i] = value;
