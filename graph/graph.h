@@ -224,9 +224,10 @@ class Graph {
   // a step costs one launch instead of hundreds; every node reads its inputs,
   // the loss scale and its parameters from device memory at replay time, so
   // SetInput, SetLossScale and optimizer steps between calls stay valid. The
-  // nodes must not allocate, synchronize or read back during the capture
-  // (ops with such checks take them off in the graph: ids and targets are
-  // checked by SetInput).
+  // nodes must not allocate, synchronize or read back during the capture:
+  // the loss ops notice the capture themselves, skip their host checks and
+  // count bad targets on the device (Context::TakeDeferredErrorCount), and ids
+  // and targets are checked by SetInput.
   absl::Status ForwardBackward(bool use_cuda_graph);
   bool has_cuda_graph() const { return cuda_graph_exec_ != nullptr; }
   // The gradient of the loss fed to the heads: 1 / micro-batches when

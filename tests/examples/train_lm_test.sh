@@ -11,8 +11,8 @@
 set -euo pipefail
 
 TRAIN_LM=$1
-# examples/plot_loss.py, when given: it needs //tools:svg_chart.py in the runfiles, which
-# tools/BUILD.bazel does not export yet.
+# examples/plot_loss.py, when given (with //tools:svg_chart.py in the runfiles): the loss
+# plot's axis labels are checked too.
 PLOT_LOSS=${2:-}
 WORK=${TEST_TMPDIR:-$(mktemp -d)}
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -197,7 +197,10 @@ TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
     }
   }
   // A second reader of the logits (before the loss, so that the loss's
-  // backward writes the gradient first): no sharing.
+  // backward writes the gradient first): no sharing. The context outlives the
+  // graph, whose buffers it allocated.
+  std::unique_ptr<Context> context = test::MakeContext(Device::Cpu());
+  ASSERT_NE(context, nullptr);
   Graph g(DType::kF32);
   const Value ids = g.Input("ids", {kRows}, DType::kI32, kVocab);
   const Value targets = g.Input("targets", {kRows}, DType::kI32, kVocab);
@@ -207,8 +210,6 @@ TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
       g.Linear(g.Embedding(ids, table, std::nullopt, kRows), out, std::nullopt);
   g.CrossEntropy(g.Add(logits, logits), targets, CrossEntropyOptions{});
   g.CrossEntropy(logits, targets, CrossEntropyOptions{});
-  std::unique_ptr<Context> context = test::MakeContext(Device::Cpu());
-  ASSERT_NE(context, nullptr);
   ASSERT_OK(g.Compile(*context));
   EXPECT_NE(g.info(logits).grad_offset, g.info(logits).data_offset);
 }
