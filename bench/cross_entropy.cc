@@ -309,9 +309,9 @@ absl::Status Sweep(Context& context, int64_t tokens,
       // The forward's arguments (automatic launch) over this case's buffers.
       auto forward_args = [&] {
         ce::RowArgs args = ce::MakeRowArgs(
-            logits.view.data, static_cast<int>(dtype), vocab, tokens, vocab,
-            targets.view.data, /*targets_i64=*/true, CrossEntropyOptions());
-        args.grad_type = static_cast<int>(dtype);
+            logits.view.data, dtype, vocab, tokens, vocab, targets.view.data,
+            /*targets_i64=*/true, CrossEntropyOptions());
+        args.grad_type = dtype;
         args.stats = stats.data_as<ce::TargetStats>();
         args.row_loss = row_loss.view.data_as<float>();
         args.lse = lse.view.data_as<float>();

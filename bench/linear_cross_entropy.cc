@@ -382,12 +382,12 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
       CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
           t.targets.view.data, true, s.n, s.v, -100, nullptr, stats, stream));
       ce::RowArgs args = ce::MakeRowArgs(
-          logits.data(), ce::kF32, s.v, s.n, s.v, t.targets.view.data,
+          logits.data(), DType::kF32, s.v, s.n, s.v, t.targets.view.data,
           /*targets_i64=*/true, CrossEntropyOptions());
       args.stats = stats;
       args.row_loss = row_loss;
       args.grad = logits.data();
-      args.grad_type = ce::kBF16;
+      args.grad_type = DType::kBF16;
       args.grad_stride = 2 * s.v;
       CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
       CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(
@@ -426,13 +426,13 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
     ASSIGN_OR_RETURN(
         Measured ce_only, Measure(context, [&]() -> absl::Status {
           ce::RowArgs args = ce::MakeRowArgs(
-              logits.data(), ce::kF32, s.v, s.n, s.v, t.targets.view.data,
+              logits.data(), DType::kF32, s.v, s.n, s.v, t.targets.view.data,
               /*targets_i64=*/true, CrossEntropyOptions());
           args.stats = stats;
           args.row_loss =
               reinterpret_cast<float*>(scratch.data_as<char>() + 256);
           args.grad = grad.data();
-          args.grad_type = ce::kBF16;
+          args.grad_type = DType::kBF16;
           args.grad_stride = s.v;
           CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
           return absl::OkStatus();

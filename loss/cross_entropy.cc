@@ -129,16 +129,15 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   }
 
   ce::RowArgs args = ce::MakeRowArgs(
-      logits.data, static_cast<int>(logits.dtype),
-      logits.effective_row_stride(), problem.tokens, problem.vocab,
-      targets.data, targets.dtype == DType::kI64, options);
+      logits.data, logits.dtype, logits.effective_row_stride(), problem.tokens,
+      problem.vocab, targets.data, targets.dtype == DType::kI64, options);
   if (request.grad_loss != nullptr) {
     args.grad_loss = request.grad_loss->data_as<const float>();
     args.grad_loss_per_row = options.reduction == Reduction::kNone;
   }
   if (request.grad_logits != nullptr) {
     args.grad = request.grad_logits->data;
-    args.grad_type = static_cast<int>(request.grad_logits->dtype);
+    args.grad_type = request.grad_logits->dtype;
     args.grad_stride = request.grad_logits->effective_row_stride();
   }
   args.lse = request.lse != nullptr ? request.lse->data_as<float>() : nullptr;

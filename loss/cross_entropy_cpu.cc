@@ -61,18 +61,18 @@ const float* LoadRow(const RowArgs& args, int64_t row, float* scratch) {
   const int64_t offset = row * args.logits_stride;
   const float* z = scratch;
   switch (args.logits_type) {
-    case kF32: {
+    case DType::kF32: {
       const float* x = static_cast<const float*>(args.logits) + offset;
       if (args.softcap <= 0.0f) return x;
       std::copy(x, x + vocab, scratch);
       break;
     }
-    case kBF16: {
+    case DType::kBF16: {
       const uint16_t* x = static_cast<const uint16_t*>(args.logits) + offset;
       for (int64_t j = 0; j < vocab; ++j) scratch[j] = Bf16BitsToFloat(x[j]);
       break;
     }
-    case kF16: {
+    case DType::kF16: {
       const uint16_t* x = static_cast<const uint16_t*>(args.logits) + offset;
       for (int64_t j = 0; j < vocab; ++j) scratch[j] = F16BitsToFloat(x[j]);
       break;
@@ -88,17 +88,17 @@ const float* LoadRow(const RowArgs& args, int64_t row, float* scratch) {
 
 // Stores `values` [count] as grad_type at `out` (round to nearest even for
 // bf16/f16).
-void StoreGrad(const float* values, int64_t count, int grad_type, void* out) {
+void StoreGrad(const float* values, int64_t count, DType grad_type, void* out) {
   switch (grad_type) {
-    case kF32:
+    case DType::kF32:
       std::copy(values, values + count, static_cast<float*>(out));
       break;
-    case kBF16: {
+    case DType::kBF16: {
       uint16_t* dst = static_cast<uint16_t*>(out);
       for (int64_t j = 0; j < count; ++j) dst[j] = FloatToBf16Bits(values[j]);
       break;
     }
-    case kF16: {
+    case DType::kF16: {
       uint16_t* dst = static_cast<uint16_t*>(out);
       for (int64_t j = 0; j < count; ++j) dst[j] = FloatToF16Bits(values[j]);
       break;
@@ -107,7 +107,7 @@ void StoreGrad(const float* values, int64_t count, int grad_type, void* out) {
 }
 
 void* GradRow(const RowArgs& args, int64_t row) {
-  const int64_t element = args.grad_type == kF32 ? 4 : 2;
+  const int64_t element = args.grad_type == DType::kF32 ? 4 : 2;
   return static_cast<char*>(args.grad) + row * args.grad_stride * element;
 }
 
@@ -123,7 +123,7 @@ void FillGradRow(const RowArgs& args, int64_t row, float value) {
   float block[kBlock];
   std::fill(block, block + kBlock, value);
   char* out = static_cast<char*>(GradRow(args, row));
-  const int64_t element = args.grad_type == kF32 ? 4 : 2;
+  const int64_t element = args.grad_type == DType::kF32 ? 4 : 2;
   for (int64_t begin = 0; begin < args.vocab; begin += kBlock) {
     const int64_t count = std::min(kBlock, args.vocab - begin);
     StoreGrad(block, count, args.grad_type, out + begin * element);
@@ -202,7 +202,7 @@ void WriteGradRow(const RowArgs& args, int64_t row, const float* z,
   const float target_grad = static_cast<float>(dz_t);
 
   char* out = static_cast<char*>(GradRow(args, row));
-  const int64_t element = args.grad_type == kF32 ? 4 : 2;
+  const int64_t element = args.grad_type == DType::kF32 ? 4 : 2;
   alignas(64) float block[kBlock];
   for (int64_t begin = 0; begin < vocab; begin += kBlock) {
     const int64_t count = std::min(kBlock, vocab - begin);

@@ -6,11 +6,10 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
+
 namespace lossrt {
 namespace ce {
-
-// Element types, matching lossrt::DType's order.
-enum ElementType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 // What a target scan finds: the denominators of the mean and whether any target
 // is bad. Lives in device memory for the CUDA kernels.
@@ -31,7 +30,7 @@ enum ReductionKind : int { kMean = 0, kSum = 1, kNone = 2 };
 struct RowArgs {
   const void* logits =
       nullptr;  // [rows, vocab], row stride logits_stride elements
-  int logits_type = kF32;
+  DType logits_type = DType::kF32;
   int64_t logits_stride = 0;
   int64_t rows = 0;
   int64_t vocab = 0;
@@ -57,7 +56,7 @@ struct RowArgs {
   // elements of grad_type. It may alias the logits when each grad row starts
   // where its logits row does.
   void* grad = nullptr;
-  int grad_type = kF32;
+  DType grad_type = DType::kF32;
   int64_t grad_stride = 0;
   // The launch comes right after LaunchTargetStats on the same stream (nothing
   // in between): on sm_90 the row kernel may then start while the scan runs,

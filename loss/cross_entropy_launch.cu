@@ -20,9 +20,9 @@ cudaError_t LaunchRowsTuned(const RowArgs& args, const LaunchTuning& tuning,
     return cudaErrorInvalidValue;
   if (args.grad == nullptr)
     return LaunchForwardRows(args, tuning, num_sms, stream);
-  if (args.logits_type != kF32)
+  if (args.logits_type != DType::kF32)
     return LaunchFusedRows16Bit(args, tuning, num_sms, stream);
-  return args.grad_type == kF32
+  return args.grad_type == DType::kF32
              ? LaunchFusedRowsF32(args, tuning, num_sms, stream)
              : LaunchFusedRowsF32To16Bit(args, tuning, num_sms, stream);
 }

@@ -83,24 +83,27 @@ struct TypeTag {
 // args.
 template <bool kGrad, typename Fn>
 cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
-  const int grad_type = kGrad ? args.grad_type : args.logits_type;
+  const DType grad_type = kGrad ? args.grad_type : args.logits_type;
   switch (args.logits_type) {
-    case kF32:
-      if (grad_type == kF32) return fn(TypeTag<float>{}, TypeTag<float>{});
+    case DType::kF32:
+      if (grad_type == DType::kF32)
+        return fn(TypeTag<float>{}, TypeTag<float>{});
       // fp32 logits with 16-bit gradients: the linear cross-entropy's in-place
       // chunks.
       if constexpr (kGrad) {
-        if (grad_type == kBF16)
+        if (grad_type == DType::kBF16)
           return fn(TypeTag<float>{}, TypeTag<__nv_bfloat16>{});
-        if (grad_type == kF16) return fn(TypeTag<float>{}, TypeTag<__half>{});
+        if (grad_type == DType::kF16)
+          return fn(TypeTag<float>{}, TypeTag<__half>{});
       }
       break;
-    case kBF16:
-      if (grad_type == kBF16)
+    case DType::kBF16:
+      if (grad_type == DType::kBF16)
         return fn(TypeTag<__nv_bfloat16>{}, TypeTag<__nv_bfloat16>{});
       break;
-    case kF16:
-      if (grad_type == kF16) return fn(TypeTag<__half>{}, TypeTag<__half>{});
+    case DType::kF16:
+      if (grad_type == DType::kF16)
+        return fn(TypeTag<__half>{}, TypeTag<__half>{});
       break;
   }
   return cudaErrorInvalidValue;

@@ -3,7 +3,7 @@
 // the cross-entropy op, the linear cross-entropy's backends and the
 // benchmarks. Internal to //loss.
 //
-//   ce::RowArgs args = ce::MakeRowArgs(logits.data, ce::kF32, stride, rows,
+//   ce::RowArgs args = ce::MakeRowArgs(logits.data, DType::kF32, stride, rows,
 //                                      vocab, targets.data, true, options);
 //   args.row_loss = ...;  // outputs, gradient and stats: the caller's
 #ifndef LOSSRT_LOSS_KERNEL_ARGS_H_
@@ -34,10 +34,10 @@ void CopyOptions(const CrossEntropyOptions& options, Args* args) {
 }
 
 // The row kernels' inputs: `rows` rows of `vocab` logits of `logits_type`
-// (ce::ElementType), `logits_stride` elements apart, against `rows` targets
-// (i64 or i32), with the options. Outputs, gradient, incoming gradient and
-// stats stay unset for the caller.
-inline RowArgs MakeRowArgs(const void* logits, int logits_type,
+// (DType::kF32, kBF16 or kF16), `logits_stride` elements apart, against `rows`
+// targets (i64 or i32), with the options. Outputs, gradient, incoming gradient
+// and stats stay unset for the caller.
+inline RowArgs MakeRowArgs(const void* logits, DType logits_type,
                            int64_t logits_stride, int64_t rows, int64_t vocab,
                            const void* targets, bool targets_i64,
                            const CrossEntropyOptions& options) {

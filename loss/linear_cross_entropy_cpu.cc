@@ -25,23 +25,23 @@ namespace lossrt {
 namespace lce {
 namespace {
 
-float LoadHost(const void* base, int type, int64_t i) {
+float LoadHost(const void* base, DType type, int64_t i) {
   switch (type) {
-    case ce::kBF16:
+    case DType::kBF16:
       return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
-    case ce::kF16:
+    case DType::kF16:
       return F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
     default:
       return static_cast<const float*>(base)[i];
   }
 }
 
-void StoreHost(void* base, int type, int64_t i, float value) {
+void StoreHost(void* base, DType type, int64_t i, float value) {
   switch (type) {
-    case ce::kBF16:
+    case DType::kBF16:
       static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(value);
       break;
-    case ce::kF16:
+    case DType::kF16:
       static_cast<uint16_t*>(base)[i] = FloatToF16Bits(value);
       break;
     default:
@@ -127,7 +127,7 @@ class CpuBackend final : public Backend {
   void CrossEntropy(const Block& block);
   // Writes `value` (rows x cols, fp32) to a tensor of any float dtype, or adds
   // it.
-  void WriteRows(const Eigen::Ref<const RowMajor>& value, void* out, int type,
+  void WriteRows(const Eigen::Ref<const RowMajor>& value, void* out, DType type,
                  int64_t ld, bool accumulate);
 
   const Problem& problem_;
@@ -167,7 +167,7 @@ absl::StatusOr<FloatMatrix> CpuBackend::AsFloat(const Tensor& tensor,
   ASSIGN_OR_RETURN(copy, context_.allocator().Allocate(rows * cols * 4));
   ConvertArgs convert;
   convert.src = tensor.data;
-  convert.src_type = static_cast<int>(tensor.dtype);
+  convert.src_type = tensor.dtype;
   convert.src_ld = tensor.effective_row_stride();
   convert.dst = copy.data();
   convert.dst_ld = cols;
@@ -220,7 +220,7 @@ absl::Status CpuBackend::Begin() {
     if (plan_.bias_offset >= 0) {
       ConvertArgs bias;
       bias.src = in.bias->data;
-      bias.src_type = static_cast<int>(in.bias->dtype);
+      bias.src_type = in.bias->dtype;
       bias.dst = At<float>(plan_.bias_offset);
       bias.rows = 1;
       bias.cols = bias.src_ld = bias.dst_ld = problem_.vocab;
@@ -248,7 +248,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
     args.cols = block.col_end - block.col_begin;
     args.col_begin = block.col_begin;
     args.vocab = problem_.vocab;
-    args.grad_type = static_cast<int>(operand_);
+    args.grad_type = operand_;
     args.targets = Targets(row);
     args.targets_i64 = targets.dtype == DType::kI64;
     ce::CopyOptions(ce_, &args);
@@ -260,7 +260,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
     return;
   }
   ce::RowArgs args = ce::MakeRowArgs(
-      logits_, ce::kF32, block.ld, block.row_end - row, problem_.vocab,
+      logits_, DType::kF32, block.ld, block.row_end - row, problem_.vocab,
       Targets(row), targets.dtype == DType::kI64, ce_);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row : nullptr;
@@ -273,7 +273,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
     args.grad_loss = GradLoss(row);
     args.grad_loss_per_row = grad_loss_per_row_;
     args.grad = logits_;  // in place
-    args.grad_type = static_cast<int>(operand_);
+    args.grad_type = operand_;
     args.grad_stride = block.ld * 4 / DTypeSize(operand_);
   }
   if (block.mode == CeMode::kBackward) {
@@ -284,8 +284,8 @@ void CpuBackend::CrossEntropy(const Block& block) {
 }
 
 void CpuBackend::WriteRows(const Eigen::Ref<const RowMajor>& value, void* out,
-                           int type, int64_t ld, bool accumulate) {
-  if (type == ce::kF32) {
+                           DType type, int64_t ld, bool accumulate) {
+  if (type == DType::kF32) {
     MatrixMap target(static_cast<float*>(out), value.rows(), value.cols(),
                      Eigen::OuterStride<>(ld));
     if (accumulate) {
@@ -343,13 +343,12 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
               static_cast<char*>(d_hidden.data) +
                   block.row_begin * d_hidden.effective_row_stride() *
                       DTypeSize(d_hidden.dtype),
-              static_cast<int>(d_hidden.dtype), d_hidden.effective_row_stride(),
-              false);
+              d_hidden.dtype, d_hidden.effective_row_stride(), false);
   }
   if (block.d_weight) {
     staging_.noalias() = unscale * (logits.transpose() * hidden);  // [cols, H]
     if (d_weight_acc_ != nullptr) {
-      WriteRows(staging_, d_weight_acc_ + block.col_begin * h, ce::kF32, h,
+      WriteRows(staging_, d_weight_acc_ + block.col_begin * h, DType::kF32, h,
                 block.accumulate);
     } else {
       const Tensor& d_weight = g.d_weight;
@@ -357,20 +356,20 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
                 static_cast<char*>(d_weight.data) +
                     block.col_begin * d_weight.effective_row_stride() *
                         DTypeSize(d_weight.dtype),
-                static_cast<int>(d_weight.dtype),
-                d_weight.effective_row_stride(), block.accumulate);
+                d_weight.dtype, d_weight.effective_row_stride(),
+                block.accumulate);
     }
     if (bias_ != nullptr) {
       const Tensor& d_bias = *g.d_bias;
       const RowMajor sums = unscale * logits.colwise().sum();  // [1, cols]
       if (d_bias_acc_ != nullptr) {
-        WriteRows(sums, d_bias_acc_ + block.col_begin, ce::kF32, cols,
+        WriteRows(sums, d_bias_acc_ + block.col_begin, DType::kF32, cols,
                   block.accumulate);
       } else {
         WriteRows(sums,
                   static_cast<char*>(d_bias.data) +
                       block.col_begin * DTypeSize(d_bias.dtype),
-                  static_cast<int>(d_bias.dtype), cols, block.accumulate);
+                  d_bias.dtype, cols, block.accumulate);
       }
     }
   }
@@ -402,7 +401,7 @@ absl::Status CpuBackend::End() {
     round.src = d_weight_acc_;
     round.src_ld = h;
     round.dst = g->d_weight.data;
-    round.dst_type = static_cast<int>(g->d_weight.dtype);
+    round.dst_type = g->d_weight.dtype;
     round.dst_ld = g->d_weight.effective_row_stride();
     round.rows = v;
     round.cols = h;
@@ -412,7 +411,7 @@ absl::Status CpuBackend::End() {
     ConvertArgs round;
     round.src = d_bias_acc_;
     round.dst = g->d_bias->data;
-    round.dst_type = static_cast<int>(g->d_bias->dtype);
+    round.dst_type = g->d_bias->dtype;
     round.rows = 1;
     round.cols = round.src_ld = round.dst_ld = v;
     ConvertCpu(round);

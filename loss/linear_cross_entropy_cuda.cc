@@ -41,10 +41,6 @@ namespace lossrt {
 namespace lce {
 namespace {
 
-int ElementType(DType dtype) {
-  return static_cast<int>(dtype);
-}  // ce::ElementType order
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const Problem& problem, const Plan& plan, Context& context)
@@ -206,7 +202,7 @@ absl::Status CudaBackend::Begin() {
     if (plan_.bias_offset >= 0) {
       ConvertArgs bias;
       bias.src = in.bias->data;
-      bias.src_type = ElementType(in.bias->dtype);
+      bias.src_type = in.bias->dtype;
       bias.dst = At<float>(plan_.bias_offset);
       bias.rows = 1;
       bias.cols = bias.src_ld = bias.dst_ld = problem_.vocab;
@@ -219,7 +215,7 @@ absl::Status CudaBackend::Begin() {
   if (plan_.ones_offset >= 0) {
     ConvertArgs ones;  // src null: fill with `scale`
     ones.dst = At(plan_.ones_offset);
-    ones.dst_type = ElementType(operand_);
+    ones.dst_type = operand_;
     ones.rows = 1;
     ones.cols = ones.src_ld = ones.dst_ld = n;
     CUDA_RETURN_IF_ERROR(LaunchConvert(ones, main_));
@@ -331,7 +327,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     args.cols = block.col_end - block.col_begin;
     args.col_begin = block.col_begin;
     args.vocab = problem_.vocab;
-    args.grad_type = ElementType(operand_);
+    args.grad_type = operand_;
     args.targets = Targets(row_begin);
     args.targets_i64 = targets.dtype == DType::kI64;
     ce::CopyOptions(ce_, &args);
@@ -343,7 +339,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     return absl::OkStatus();
   }
   ce::RowArgs args = ce::MakeRowArgs(
-      Logits(block, row_begin), ce::kF32, block.ld, row_end - row_begin,
+      Logits(block, row_begin), DType::kF32, block.ld, row_end - row_begin,
       problem_.vocab, Targets(row_begin), targets.dtype == DType::kI64, ce_);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
@@ -357,7 +353,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     args.grad_loss_per_row = grad_loss_per_row_;
     args.grad = Logits(
         block, row_begin);  // in place: 16-bit rows start where fp32 rows do
-    args.grad_type = ElementType(operand_);
+    args.grad_type = operand_;
     args.grad_stride = DlogitsLd(block);
   }
   CUDA_RETURN_IF_ERROR(block.mode == CeMode::kBackward
@@ -487,7 +483,7 @@ absl::Status CudaBackend::End() {
     round.src = d_weight_acc_;
     round.src_ld = problem_.hidden;
     round.dst = d_weight.data;
-    round.dst_type = ElementType(d_weight.dtype);
+    round.dst_type = d_weight.dtype;
     round.dst_ld = d_weight.effective_row_stride();
     round.rows = problem_.vocab;
     round.cols = problem_.hidden;
@@ -498,7 +494,7 @@ absl::Status CudaBackend::End() {
     ConvertArgs round;
     round.src = d_bias_acc_;
     round.dst = d_bias.data;
-    round.dst_type = ElementType(d_bias.dtype);
+    round.dst_type = d_bias.dtype;
     round.rows = 1;
     round.cols = round.src_ld = round.dst_ld = problem_.vocab;
     CUDA_RETURN_IF_ERROR(LaunchConvert(round, main_));

@@ -22,25 +22,25 @@ constexpr int kTile = kThreads * kPerThread;
 using device_convert::FromFloat;
 using device_convert::ToFloat;
 
-// Element i of a row of `type` (ce::ElementType), as a float.
-__device__ __forceinline__ float Load(const void* base, int type, int64_t i) {
+// Element i of a row of `type` (DType::kF32, kBF16 or kF16), as a float.
+__device__ __forceinline__ float Load(const void* base, DType type, int64_t i) {
   switch (type) {
-    case ce::kBF16:
+    case DType::kBF16:
       return ToFloat(static_cast<const __nv_bfloat16*>(base)[i]);
-    case ce::kF16:
+    case DType::kF16:
       return ToFloat(static_cast<const __half*>(base)[i]);
     default:
       return static_cast<const float*>(base)[i];
   }
 }
 
-__device__ __forceinline__ void Store(void* base, int type, int64_t i,
+__device__ __forceinline__ void Store(void* base, DType type, int64_t i,
                                       float value) {
   switch (type) {
-    case ce::kBF16:
+    case DType::kBF16:
       static_cast<__nv_bfloat16*>(base)[i] = FromFloat<__nv_bfloat16>(value);
       break;
-    case ce::kF16:
+    case DType::kF16:
       static_cast<__half*>(base)[i] = FromFloat<__half>(value);
       break;
     default:
@@ -83,7 +83,7 @@ __global__ void SliceBackwardKernel(SliceArgs args) {
                                                 args.col_begin + j0 + k)
                                 : 0.0f;
     }
-    if (full && args.grad_type == ce::kBF16) {
+    if (full && args.grad_type == DType::kBF16) {
       __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]);
       __nv_bfloat162 hi = __floats2bfloat162_rn(g[2], g[3]);
       uint2 packed;
@@ -91,7 +91,7 @@ __global__ void SliceBackwardKernel(SliceArgs args) {
       packed.y = *reinterpret_cast<uint32_t*>(&hi);
       *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(grad) + j0) =
           packed;
-    } else if (full && args.grad_type == ce::kF16) {
+    } else if (full && args.grad_type == DType::kF16) {
       __half2 lo = __floats2half2_rn(g[0], g[1]);
       __half2 hi = __floats2half2_rn(g[2], g[3]);
       uint2 packed;

@@ -39,7 +39,7 @@ struct SliceArgs {
   int64_t cols = 0;
   int64_t col_begin = 0;
   int64_t vocab = 0;
-  int grad_type = ce::kF32;
+  DType grad_type = DType::kF32;
   const void* targets = nullptr;  // [rows]
   bool targets_i64 = true;
   int64_t ignore_index = -100;
@@ -59,10 +59,10 @@ struct SliceArgs {
 struct ConvertArgs {
   const void* src =
       nullptr;  // [rows, cols], row stride src_ld elements of src_type
-  int src_type = ce::kF32;
+  DType src_type = DType::kF32;
   int64_t src_ld = 0;
   void* dst = nullptr;  // [rows, cols], row stride dst_ld elements of dst_type
-  int dst_type = ce::kF32;
+  DType dst_type = DType::kF32;
   int64_t dst_ld = 0;
   int64_t rows = 0;
   int64_t cols = 0;

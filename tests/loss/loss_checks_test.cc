@@ -240,10 +240,11 @@ TEST_F(LossChecksTest, RowArgsCarryEveryOption) {
           Tensor::Of(weights.data(), DType::kF32, {10}, Device::Cpu());
     }
     const int64_t stride = Pick(rng_, 10, 20), rows = Pick(rng_, 1, 7);
-    const ce::RowArgs args = ce::MakeRowArgs(
-        &logits, ce::kBF16, stride, rows, 10, targets.data(), false, options);
+    const ce::RowArgs args =
+        ce::MakeRowArgs(&logits, DType::kBF16, stride, rows, 10, targets.data(),
+                        false, options);
     EXPECT_EQ(args.logits, &logits);
-    EXPECT_EQ(args.logits_type, ce::kBF16);
+    EXPECT_EQ(args.logits_type, DType::kBF16);
     EXPECT_EQ(args.logits_stride, stride);
     EXPECT_EQ(args.rows, rows);
     EXPECT_EQ(args.vocab, 10);
