@@ -4,6 +4,7 @@
 
 #include "loss/cross_entropy_launch.cuh"
 #include "loss/cross_entropy_tiles.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ce {
@@ -62,10 +63,10 @@ template <typename T, typename G, bool kVec, bool kOpt, int R>
 cudaError_t LaunchChunkBackward(const RowArgs& args, const LaunchTuning& tuning,
                                 int num_sms, cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
-  const int64_t vecs = (args.vocab + kW - 1) / kW;
-  int64_t threads = ((vecs + R - 1) / R + 31) / 32 * 32;
+  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
+  int64_t threads = RoundUp(CeilDiv(vecs, int64_t{R}), int64_t{32});
   if (threads > 256) threads = 256;
-  const int64_t chunks = (vecs + R * threads - 1) / (R * threads);
+  const int64_t chunks = CeilDiv(vecs, R * threads);
   auto kernel = BackwardKernel<T, G, kVec, kOpt, R>;
   int64_t grid = args.rows * chunks;
   if (tuning.one_row_per_group < 0) {
@@ -83,8 +84,8 @@ cudaError_t LaunchChunkBackward(const RowArgs& args, const LaunchTuning& tuning,
 }
 
 // Backward: the chunked kernel, 16 pieces a thread for fp32 and 8 for 16-bit
-// logits (the same bytes); rows that are not 16-byte aligned (kVec false)
-// take 8 scalars a thread.
+// logits (the same logits a thread); rows that are not 16-byte aligned (kVec
+// false) take 8 scalars a thread.
 template <typename T, typename G, bool kVec, bool kOpt>
 cudaError_t LaunchBackwardTyped(const RowArgs& args, const LaunchTuning& tuning,
                                 int num_sms, cudaStream_t stream) {

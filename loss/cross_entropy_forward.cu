@@ -9,6 +9,7 @@
 
 #include "loss/cross_entropy_launch.cuh"
 #include "loss/cross_entropy_tiles.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ce {
@@ -242,8 +243,8 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
   constexpr bool kWalk = kVec && sizeof(T) == 4;  // half tiles
   constexpr int kTileVecs = 32 * (kWalk ? kR / 2 : kR);
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
-  const int64_t vecs = (args.vocab + kW - 1) / kW;
-  const int64_t tiles_per_row = (vecs + kTileVecs - 1) / kTileVecs;
+  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
+  const int64_t tiles_per_row = CeilDiv(vecs, int64_t{kTileVecs});
   int warps_per_row =
       tuning.warps_per_row > 0
           ? tuning.warps_per_row
@@ -264,8 +265,8 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
       int64_t{per_sm > 0 ? per_sm : 1} * num_sms * 8 / warps_per_row;
   int64_t groups = args.rows < max_groups ? args.rows : max_groups;
   if (!kOpt && args.vocab * int64_t{sizeof(T)} >= (128 << 10)) {
-    const int64_t rows_per_group = (args.rows + max_groups - 1) / max_groups;
-    groups = (args.rows + rows_per_group - 1) / rows_per_group;
+    const int64_t rows_per_group = CeilDiv(args.rows, max_groups);
+    groups = CeilDiv(args.rows, rows_per_group);
   }
   if (tuning.one_row_per_group > 0) groups = args.rows;
   const int64_t blocks = (groups * warps_per_row + 7) / 8;

@@ -18,6 +18,7 @@
 
 #include "loss/cross_entropy_launch.cuh"
 #include "loss/cross_entropy_tiles.cuh"
+#include "runtime/int_math.h"
 
 namespace lossrt {
 namespace ce {
@@ -405,16 +406,13 @@ inline RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread,
   RowLaunch launch{1, kMaxThreads, 1};
   const int64_t per_cta_capacity = int64_t{kMaxThreads} * per_thread;
   while (clusters_allowed && launch.cluster_size < kMaxCluster &&
-         (vecs + launch.cluster_size - 1) / launch.cluster_size >
-             per_cta_capacity) {
+         CeilDiv(vecs, int64_t{launch.cluster_size}) > per_cta_capacity) {
     launch.cluster_size *= 2;
   }
-  const int64_t per_cta =
-      (vecs + launch.cluster_size - 1) / launch.cluster_size;
-  launch.tiles =
-      static_cast<int>((per_cta + per_cta_capacity - 1) / per_cta_capacity);
+  const int64_t per_cta = CeilDiv(vecs, int64_t{launch.cluster_size});
+  launch.tiles = static_cast<int>(CeilDiv(per_cta, per_cta_capacity));
   if (launch.tiles == 1) {
-    const int64_t threads = (per_cta + per_thread - 1) / per_thread;
+    const int64_t threads = CeilDiv(per_cta, int64_t{per_thread});
     launch.threads = static_cast<int>((threads + 31) / 32 * 32);
   }
   return launch;
@@ -426,7 +424,7 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
                               int num_sms, cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
   constexpr int R = PiecesPerThread<T, kVec>();
-  const int64_t vecs = (args.vocab + kW - 1) / kW;
+  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
   // The prefetching variant holds two tiles of half as many pieces: the same
   // registers for two rows. On the H200 it pays for fp32 rows that one CTA
   // holds, and loses where it would double the cluster or for 16-bit logits
