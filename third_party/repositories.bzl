@@ -2,8 +2,9 @@
 
 Nothing is downloaded. `system_libraries` wraps Debian's static archives of Abseil and
 GoogleTest/GoogleMock so that binaries carry them (the GPU machine has none of Debian's
-libraries). `cuda_configure` finds the CUDA toolkit and writes `defs.bzl` with CUDA_ENABLED,
-so that the build degrades to CPU-only where there is no toolkit.
+libraries). `cuda_configure` finds the CUDA toolkit and writes `defs.bzl` with CUDA_ENABLED
+(and NCCL_ENABLED: whether the toolkit ships NCCL), so that the build degrades to CPU-only
+where there is no toolkit.
 """
 
 _LIB_DIRS = [
@@ -71,7 +72,7 @@ def _cuda_configure_impl(ctx):
     cuda = _find_cuda(ctx)
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
     if not cuda:
-        ctx.file("defs.bzl", "CUDA_ENABLED = False\nNVCC_PATH = \"\"\nCUDA_PATH = \"\"\n")
+        ctx.file("defs.bzl", "CUDA_ENABLED = False\nNCCL_ENABLED = False\nNVCC_PATH = \"\"\nCUDA_PATH = \"\"\n")
         ctx.file("BUILD.bazel", """# Generated: no CUDA toolkit was found; the build is CPU-only.
 package(default_visibility = ["//visibility:public"])
 
@@ -80,11 +81,31 @@ cc_library(name = "cuda_headers")
 cc_library(name = "cudart")
 
 cc_library(name = "cublas")
+
+cc_library(name = "nccl")
 """)
         return
     ctx.symlink(cuda + "/include", "include")
     lib = cuda + "/lib64"
-    ctx.file("defs.bzl", "CUDA_ENABLED = True\nNVCC_PATH = \"%s/bin/nvcc\"\nCUDA_PATH = \"%s\"\n" % (cuda, cuda))
+    # NCCL ships with some toolkits (libnccl.so next to cudart, nccl.h in include/).
+    nccl = ctx.path(lib + "/libnccl.so").exists and ctx.path(cuda + "/include/nccl.h").exists
+    ctx.file("defs.bzl", "CUDA_ENABLED = True\nNCCL_ENABLED = %s\nNVCC_PATH = \"%s/bin/nvcc\"\nCUDA_PATH = \"%s\"\n" % (nccl, cuda, cuda))
+    if nccl:
+        nccl_target = """
+# NCCL, dynamic like cuBLAS; defines LOSSRT_WITH_NCCL for dependents. Depend on it only from
+# code that calls NCCL (//runtime:nccl_communicator), so that other binaries do not need it.
+cc_library(
+    name = "nccl",
+    defines = ["LOSSRT_WITH_NCCL=1"],
+    linkopts = ["-L{lib}", "-lnccl", "-Wl,-rpath,{lib}"],
+    deps = [":cudart"],
+)
+""".format(lib = lib)
+    else:
+        nccl_target = """
+# The toolkit has no NCCL: an empty target, and NCCL_ENABLED = False in defs.bzl.
+cc_library(name = "nccl")
+"""
     ctx.file("BUILD.bazel", """# Generated from the CUDA toolkit at {cuda}.
 package(default_visibility = ["//visibility:public"])
 
@@ -109,7 +130,7 @@ cc_library(
     linkopts = ["-L{lib}", "-lcublasLt", "-lcublas", "-Wl,-rpath,{lib}"],
     deps = [":cudart"],
 )
-""".format(cuda = cuda, lib = lib))
+""".format(cuda = cuda, lib = lib) + nccl_target)
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
