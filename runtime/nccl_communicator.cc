@@ -142,10 +142,14 @@ NcclCommunicator::NcclCommunicator(void* comm, int rank, int world_size,
 NcclCommunicator::~NcclCommunicator() {
   if (comm_ == nullptr) return;
   // Finalize flushes the communicator's work; abort when that fails or does
-  // not finish in time (a destructor must not hang).
+  // not finish within the timeout (a destructor must not hang).
   absl::StatusOr<ScopedDevice> scoped = ScopedDevice::Enter(device_.ordinal);
   ncclComm_t comm = AsComm(comm_);
-  bool clean = scoped.ok() && ncclCommFinalize(comm) != ncclSystemError;
+  bool clean = false;
+  if (scoped.ok()) {
+    const ncclResult_t finalized = ncclCommFinalize(comm);
+    clean = finalized == ncclSuccess || finalized == ncclInProgress;
+  }
   if (clean) {
     absl::StatusOr<ncclResult_t> state =
         WaitWhileInProgress(comm, std::chrono::steady_clock::now() +
