@@ -232,6 +232,34 @@ TEST(CoordinatorTest, ServeFailsWhenAPeerDisappears) {
       << served;
 }
 
+// Rank 1 reads the whole blob but goes away without acknowledging it: rank 0
+// cannot know that it has the blob.
+TEST(CoordinatorTest, ServeFailsWithoutTheAcknowledgement) {
+  auto server = MustListen(2);
+  ASSERT_NE(server, nullptr);
+  const std::string blob = RandomBlob(128);
+  std::string received;
+  std::thread peer([&] {
+    const int fd = ConnectRaw(server->port());
+    const std::string hello = Hello(1, 2);
+    EXPECT_EQ(send(fd, hello.data(), hello.size(), 0), hello.size());
+    char buffer[256];
+    while (received.size() < 16 + blob.size()) {
+      const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
+      if (got <= 0) break;
+      received.append(buffer, got);
+    }
+    close(fd);
+  });
+  const absl::Status served = server->Serve(blob, absl::Seconds(10));
+  peer.join();
+  ASSERT_EQ(received.size(), 16 + blob.size());
+  EXPECT_EQ(received.substr(16), blob);
+  EXPECT_EQ(served.code(), absl::StatusCode::kUnavailable) << served;
+  EXPECT_NE(served.message().find("acknowledging"), absl::string_view::npos)
+      << served;
+}
+
 TEST(CoordinatorTest, FetchFailsWhenRank0Disappears) {
   // "Rank 0" accepts and closes at once.
   std::unique_ptr<RawSocket> listener = BoundSocket(/*listening=*/true);
