@@ -21,23 +21,7 @@
 #include "runtime/context.h"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
-
-// ASSERT_OK(status) and ASSERT_OK_AND_ASSIGN(lhs, status_or): fail the test
-// with the status's message. (Use them in test bodies: they return on
-// failure.)
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
-
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  LOSSRT_ASSERT_OK_AND_ASSIGN_IMPL(     \
-      LOSSRT_CONCAT(lossrt_test_value_, __LINE__), lhs, expr)
-#define LOSSRT_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                     \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();                 \
-  lhs = std::move(tmp).value()
+#include "tests/status_assertions.h"
 
 namespace lossrt {
 namespace test {

@@ -37,16 +37,11 @@
 #include <cuda_runtime.h>
 
 #include "runtime/cuda_context.h"
+#include "tests/status_assertions.h"
 #endif
 
 namespace lossrt {
 namespace {
-
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
 
 int64_t Pick(std::mt19937_64& rng, int64_t low, int64_t high) {
   return std::uniform_int_distribution<int64_t>(low, high)(rng);

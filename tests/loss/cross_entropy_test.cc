@@ -57,6 +57,7 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/status_assertions.h"
 #include "tests/tensor_image.h"
 
 namespace lossrt {
@@ -66,12 +67,6 @@ using reference::CrossEntropyReference;
 using reference::ReferenceOptions;
 using reference::ReferenceReduction;
 using reference::ReferenceResult;
-
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();

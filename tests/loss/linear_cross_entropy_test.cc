@@ -48,6 +48,7 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/status_assertions.h"
 #include "tests/tensor_image.h"
 
 namespace lossrt {
@@ -57,12 +58,6 @@ using reference::CrossEntropyReference;
 using reference::ReferenceOptions;
 using reference::ReferenceReduction;
 using reference::ReferenceResult;
-
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 constexpr double kTwoUlpsF32 = 0x1p-22;

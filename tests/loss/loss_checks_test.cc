@@ -26,15 +26,10 @@
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/status_assertions.h"
 
 namespace lossrt {
 namespace {
-
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
 
 int64_t Pick(std::mt19937_64& rng, int64_t low, int64_t high) {
   return std::uniform_int_distribution<int64_t>(low, high)(rng);

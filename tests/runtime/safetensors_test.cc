@@ -25,15 +25,10 @@
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
 #include "tests/gpu_test_util.h"
+#include "tests/status_assertions.h"
 
 namespace lossrt {
 namespace {
-
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const absl::Status lossrt_test_status = (expr);             \
-    ASSERT_TRUE(lossrt_test_status.ok()) << lossrt_test_status; \
-  } while (false)
 
 // A fresh folder for one test.
 std::string MakeTempFolder() {
