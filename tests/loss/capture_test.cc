@@ -32,12 +32,12 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/status_assertions.h"
 
 #ifdef LOSSRT_WITH_CUDA
 #include <cuda_runtime.h>
 
 #include "runtime/cuda_context.h"
-#include "tests/status_assertions.h"
 #endif
 
 namespace lossrt {
