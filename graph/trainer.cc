@@ -143,6 +143,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return InvalidArgument("Trainer: micro_batches must be >= 1, got ",
                            options.micro_batches);
   }
+  const int world_size =
+      options.communicator != nullptr ? options.communicator->world_size() : 1;
+  if (world_size < 1) {
+    return InvalidArgument(
+        "Trainer: the communicator's world_size must be >= 1, got ",
+        world_size);
+  }
   std::unique_ptr<Trainer> trainer(new Trainer(model, options));
   Graph& graph = model.graph();
   Context& context = graph.context();
@@ -163,8 +170,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   RETURN_IF_ERROR(context.ReserveWorkspace(
       std::max(graph.workspace_bytes(),
                optim::AdamWWorkspaceBytes(context.device(), params.count))));
-  RETURN_IF_ERROR(
-      graph.SetLossScale(1.0f / static_cast<float>(options.micro_batches)));
+  // Each rank's loss is the mean over its own rows; the global batch's mean is
+  // the mean of the ranks' means (equal row counts), so with the 1 / world_size
+  // folded into the loss scale the all-reduce's sum of the gradients is the
+  // gradient of the global-batch mean loss.
+  RETURN_IF_ERROR(graph.SetLossScale(
+      1.0f / static_cast<float>(options.micro_batches * world_size)));
   return trainer;
 }
 
@@ -197,7 +208,35 @@ absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
                     graph.context());
 }
 
+absl::StatusOr<absl::Span<const int32_t>> RankRows(
+    absl::Span<const int32_t> global, int64_t seq, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return InvalidArgument("RankRows: rank ", rank, " of world_size ",
+                           world_size);
+  }
+  const int64_t size = static_cast<int64_t>(global.size());
+  if (seq < 1 || size % (seq * world_size) != 0) {
+    return InvalidArgument("RankRows: ", size, " tokens do not split into ",
+                           world_size, " equal parts of whole rows of ", seq,
+                           " tokens");
+  }
+  const int64_t part = size / world_size;
+  return global.subspan(rank * part, part);
+}
+
 absl::StatusOr<Trainer::StepStats> Trainer::Step(
+    absl::Span<const int32_t> ids, absl::Span<const int32_t> targets) {
+  Communicator* const comm = options_.communicator;
+  absl::StatusOr<StepStats> stats = StepLocal(ids, targets);
+  // Another rank may be waiting in an all-reduce this rank never reaches, and
+  // a rank that failed after it no longer holds the others' weights.
+  if (!stats.ok() && comm != nullptr) {
+    comm->Abort(stats.status().ToString()).IgnoreError();
+  }
+  return stats;
+}
+
+absl::StatusOr<Trainer::StepStats> Trainer::StepLocal(
     absl::Span<const int32_t> ids, absl::Span<const int32_t> targets) {
   const int64_t rows = model_.shape().rows();
   const int64_t micro = options_.micro_batches;
@@ -214,9 +253,25 @@ absl::StatusOr<Trainer::StepStats> Trainer::Step(
     RETURN_IF_ERROR(RunMicroBatch(ids.subspan(k * rows, rows),
                                   targets.subspan(k * rows, rows), k));
   }
+  Context& context = graph.context();
+  const ParameterBuffers& params = graph.parameter_buffers();
+  Communicator* const comm = options_.communicator;
+  const int world_size = comm != nullptr ? comm->world_size() : 1;
+  if (comm != nullptr) {
+    // The first step of data parallelism: one all-reduce over the whole flat
+    // gradient buffer once the backward pass is done. Buckets that start
+    // all-reducing while the backward pass goes on are left for later. The
+    // gradients are already scaled by 1 / world_size (the loss scale), so the
+    // sum is the global-batch mean's gradient, the same bits on every rank;
+    // clipping and AdamW then see the global gradient.
+    RETURN_IF_ERROR(
+        comm->AllReduce(params.grad, params.grad, ReduceOp::kSum, context));
+    // [micro_batches]: each rank's mean losses, summed over the ranks.
+    RETURN_IF_ERROR(
+        comm->AllReduce(losses_.view, losses_.view, ReduceOp::kSum, context));
+  }
   const int64_t step = step_ + 1;
   stats.lr = optim::LearningRate(options_.schedule, step);
-  const ParameterBuffers& params = graph.parameter_buffers();
   optim::AdamWState state;
   state.params = params.master;
   state.grads = params.grad;
@@ -236,7 +291,8 @@ absl::StatusOr<Trainer::StepStats> Trainer::Step(
                  graph.context()));
   double loss_sum = 0;
   for (float loss : losses) loss_sum += loss;
-  stats.loss = static_cast<float>(loss_sum / static_cast<double>(micro));
+  stats.loss =
+      static_cast<float>(loss_sum / static_cast<double>(micro * world_size));
   float norm = 0;
   RETURN_IF_ERROR(CopyTensor(norm_.view,
                              Tensor::Of(&norm, DType::kF32, {}, Device::Cpu()),

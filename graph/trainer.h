@@ -34,6 +34,7 @@
 #include "graph/optim/adamw.h"
 #include "graph/optim/lr_schedule.h"
 #include "runtime/allocator.h"
+#include "runtime/communicator.h"
 
 namespace lossrt {
 namespace graph {
@@ -46,7 +47,19 @@ struct TrainerOptions {
   // captured at the second step (Graph::ForwardBackward). If the capture
   // fails the trainer says so once and runs the nodes one by one.
   bool cuda_graph = false;
+  // Data-parallel training over the communicator's ranks (see the top of this
+  // file); null trains on one device. Caller-owned: it must outlive the
+  // trainer and its collectives must run on the model's context's device.
+  Communicator* communicator = nullptr;
 };
+
+// Data parallelism's split of one micro-batch: rank `rank` of `world_size`
+// gets rows [rank * b, (rank + 1) * b) of the global micro-batch `global`
+// ([world_size * b * seq] tokens, row-major), b = rows / world_size, as a view
+// of `global`. InvalidArgument unless 0 <= rank < world_size and the global
+// batch splits into world_size equal parts of whole rows of `seq` tokens.
+absl::StatusOr<absl::Span<const int32_t>> RankRows(
+    absl::Span<const int32_t> global, int64_t seq, int rank, int world_size);
 
 class Trainer {
  public:
@@ -54,15 +67,21 @@ class Trainer {
       Gpt& model, const TrainerOptions& options);
 
   struct StepStats {
-    float loss = 0;       // mean over the micro-batches
+    // Mean over the micro-batches (and over the ranks when data-parallel: the
+    // loss of the global batch, the same on every rank).
+    float loss = 0;
     float grad_norm = 0;  // before clipping
     float lr = 0;
   };
   // One optimizer step: forward and backward over micro_batches batches
-  // (`ids` and `targets` hold micro_batches * rows tokens), then AdamW.
+  // (`ids` and `targets` hold micro_batches * rows tokens), then AdamW. Data-
+  // parallel: every rank calls Step with its rows; a rank whose step fails
+  // aborts the communicator, so that the other ranks fail too instead of
+  // waiting or going on with other weights (the group is done after that).
   absl::StatusOr<StepStats> Step(absl::Span<const int32_t> ids,
                                  absl::Span<const int32_t> targets);
-  // The loss of one batch (rows tokens), without gradients.
+  // The loss of one batch (rows tokens), without gradients; local to this
+  // rank (no collective) when data-parallel.
   absl::StatusOr<float> Evaluate(absl::Span<const int32_t> ids,
                                  absl::Span<const int32_t> targets);
 
@@ -83,6 +102,9 @@ class Trainer {
  private:
   Trainer(Gpt& model, const TrainerOptions& options)
       : model_(model), options_(options) {}
+  // Step without the abort of the communicator on failure.
+  absl::StatusOr<StepStats> StepLocal(absl::Span<const int32_t> ids,
+                                      absl::Span<const int32_t> targets);
   // Forward and backward of micro-batch `index`; its loss goes to
   // losses_[index].
   absl::Status RunMicroBatch(absl::Span<const int32_t> ids,
