@@ -18,6 +18,12 @@
 // The default corpus (no --data) is a data/fortunes folder in the binary's
 // folder or a folder above it (tools/stage_gpu.sh stages one beside the GPU
 // binaries), else Debian's /usr/share/games/fortunes.
+//
+// Data parallelism in one process: --ranks=N trains N copies of the model, one
+// thread each (CPU: an in-process communicator group; CUDA: GPU i per rank
+// over NCCL; --gpus=N is --ranks=N on CUDA), each on --batch / N rows of every
+// global batch, with the gradients summed over the ranks; rank 0 alone prints,
+// validates, samples, writes the metrics and the checkpoints.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,6 +51,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "data/batcher.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
@@ -52,8 +60,11 @@
 #include "graph/gpt.h"
 #include "graph/sampling.h"
 #include "graph/trainer.h"
+#include "runtime/communicator.h"
 #include "runtime/context.h"
+#include "runtime/cpu_communicator.h"
 #include "runtime/device.h"
+#include "runtime/nccl_communicator.h"
 #include "runtime/status.h"
 
 ABSL_FLAG(std::string, data, "",
@@ -87,6 +98,22 @@ ABSL_FLAG(int32_t, batch, 0,
           "Sequences per micro-batch, 1 to 65536 (0: device default).");
 ABSL_FLAG(int32_t, micro_batches, 1,
           "Micro-batches per optimizer step, 1 to 65536.");
+ABSL_FLAG(int32_t, ranks, 1,
+          "Data-parallel ranks, 1 to 1024: one process, one thread per rank. "
+          "Every rank trains a copy of the model on --batch / --ranks rows of "
+          "each micro-batch of the global batch (--batch, which must be a "
+          "multiple of it) and the gradients are summed over the ranks, so "
+          "the weights stay the same everywhere and the losses are those of "
+          "one rank with the whole batch. --device=cpu: in-process CPU ranks; "
+          "CUDA: rank i on GPU K + i (K: cuda:K's ordinal, 0 for cuda) over "
+          "NCCL. Rank 0 alone prints, validates (on the whole validation "
+          "batch), samples, writes --metrics and saves checkpoints; --resume "
+          "loads rank 0's checkpoint on every rank. Several processes "
+          "(--rank/--world_size) are not supported yet.");
+ABSL_FLAG(int32_t, gpus, 0,
+          "One process driving N GPUs: --gpus=N is --ranks=N on CUDA (--device "
+          "auto with a GPU, cuda or cuda:K; GPUs K to K + N - 1), 1 to 1024 "
+          "(0: see --ranks).");
 ABSL_FLAG(int32_t, steps, 0, "Optimizer steps in all (0: device default).");
 ABSL_FLAG(double, lr, 0, "Peak learning rate, in (0, 1] (0: device default).");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "Final learning rate / peak, in [0, 1].");
@@ -235,6 +262,7 @@ absl::Status WriteMetricsLine(std::ofstream& out, const MetricsLine& line) {
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 constexpr double kMaxFloat = std::numeric_limits<float>::max();
+constexpr int64_t kMaxRanks = 1024;
 
 absl::Status BadFlag(absl::string_view name, absl::string_view value,
                      absl::string_view allowed) {
@@ -316,6 +344,19 @@ absl::Status CheckFlags() {
                            "the device default"));
   RETURN_IF_ERROR(
       CheckInt("micro_batches", GetFlag(FLAGS_micro_batches), 1, 1 << 16));
+  RETURN_IF_ERROR(CheckInt("ranks", GetFlag(FLAGS_ranks), 1, kMaxRanks));
+  RETURN_IF_ERROR(
+      CheckInt("gpus", GetFlag(FLAGS_gpus), 1, kMaxRanks, "use --ranks"));
+  if (GetFlag(FLAGS_gpus) > 0 && GetFlag(FLAGS_ranks) != 1 &&
+      GetFlag(FLAGS_ranks) != GetFlag(FLAGS_gpus)) {
+    return BadFlag("gpus", absl::StrCat(GetFlag(FLAGS_gpus)),
+                   absl::StrCat("0 or --ranks = ", GetFlag(FLAGS_ranks),
+                                " (--gpus=N is --ranks=N on CUDA)"));
+  }
+  if (GetFlag(FLAGS_gpus) > 0 && GetFlag(FLAGS_device) == "cpu") {
+    return BadFlag("gpus", absl::StrCat(GetFlag(FLAGS_gpus)),
+                   "0 with --device=cpu (use --ranks)");
+  }
   RETURN_IF_ERROR(CheckInt("steps", GetFlag(FLAGS_steps), 1, kMaxInt32,
                            "the device default"));
   RETURN_IF_ERROR(CheckReal("lr", GetFlag(FLAGS_lr), 0, 1, Ends::kOpenBelow,
@@ -448,7 +489,31 @@ absl::Status Run() {
                            Pick(absl::GetFlag(FLAGS_context), defaults.context),
                            absl::GetFlag(FLAGS_micro_batches)));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
+  // The ranks (--ranks, or --gpus on CUDA); CheckFlags checked both.
+  const bool by_gpus = absl::GetFlag(FLAGS_gpus) > 0;
+  const int ranks =
+      by_gpus ? absl::GetFlag(FLAGS_gpus) : absl::GetFlag(FLAGS_ranks);
+  const char* ranks_flag = by_gpus ? "gpus" : "ranks";
+  if (by_gpus && !device.is_cuda()) {
+    return BadFlag("gpus", absl::StrCat(ranks),
+                   absl::StrCat("0 on --device=", absl::GetFlag(FLAGS_device),
+                                ", which is the CPU here (use --ranks)"));
+  }
+  if (ranks > 1 && device.is_cuda() &&
+      device.ordinal + ranks > CudaDeviceCount()) {
+    const int visible = std::max(0, CudaDeviceCount() - device.ordinal);
+    return BadFlag(ranks_flag, absl::StrCat(ranks),
+                   absl::StrCat("at most the ", visible, " GPUs visible from ",
+                                device.ToString()));
+  }
+  {
+    const int batch = Pick(absl::GetFlag(FLAGS_batch), defaults.batch);
+    if (batch % ranks != 0) {
+      return BadFlag(
+          "batch", absl::StrCat(batch),
+          absl::StrCat("a multiple of --", ranks_flag, " = ", ranks));
+    }
+  }
 
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   std::string resume_folder;
@@ -489,7 +554,7 @@ absl::Status Run() {
         std::string(tokenizer->kind()).c_str(), vocab);
   }
 
-  // ---- Model ----
+  // ---- Model (shared by the ranks) ----
   GptConfig config;
   const bool resuming = !resume_folder.empty();
   if (resuming) {
@@ -515,308 +580,440 @@ absl::Status Run() {
                            ") is smaller than the data's (", vocab, ")");
   }
   const int seq = static_cast<int>(config.context);
+  // The global batch; each rank's model takes `rows` of its sequences.
   const int batch = Pick(absl::GetFlag(FLAGS_batch), defaults.batch);
+  const int rows = batch / ranks;
   const int micro = absl::GetFlag(FLAGS_micro_batches);
   RETURN_IF_ERROR(CheckTokensPerStep(batch, seq, micro));
   const int64_t tokens_per_step = int64_t{batch} * seq * micro;
+  const int64_t rank_tokens_per_step = int64_t{rows} * seq * micro;
   std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
   if (dtype_flag == "auto") dtype_flag = device.is_cuda() ? "bf16" : "f32";
   const DType dtype = dtype_flag == "bf16" ? DType::kBF16 : DType::kF32;
   const std::string head_flag = absl::GetFlag(FLAGS_head);
-  // Nothing to switch off for the CUDA graph: the ops detect the capture.
-  LinearCrossEntropyOptions head_options;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Gpt> model,
-      Gpt::Create(*context, config, {batch, seq}, dtype,
-                  head_flag == "fused" ? graph::GptHead::kFusedLoss
-                                       : graph::GptHead::kUnfusedLoss,
-                  head_options));
-  std::printf(
-      "model: %s\n  %.2fM parameters, %s activations, %s head, on "
-      "%s%s\n",
-      graph::DescribeGptConfig(config).c_str(), model->parameter_count() / 1e6,
-      DTypeName(dtype), head_flag.c_str(), device.ToString().c_str(),
-      device.is_cuda() && absl::GetFlag(FLAGS_layers) == 0
-          ? " (the GPU default: larger than the CPU's)"
-          : "");
 
-  // ---- Optimizer ----
-  graph::TrainerOptions options;
-  options.micro_batches = micro;
-  options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
-  options.adamw.weight_decay =
+  // ---- Optimizer (each rank adds its communicator) ----
+  graph::TrainerOptions base_options;
+  base_options.micro_batches = micro;
+  base_options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
+  base_options.adamw.weight_decay =
       static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  options.adamw.max_grad_norm =
+  base_options.adamw.max_grad_norm =
       static_cast<float>(absl::GetFlag(FLAGS_grad_clip));
   const double lr =
       absl::GetFlag(FLAGS_lr) > 0 ? absl::GetFlag(FLAGS_lr) : defaults.lr;
-  options.schedule.max_lr = static_cast<float>(lr);
-  options.schedule.min_lr =
+  base_options.schedule.max_lr = static_cast<float>(lr);
+  base_options.schedule.min_lr =
       static_cast<float>(lr * absl::GetFlag(FLAGS_min_lr_ratio));
-  options.schedule.total_steps = steps;
-  options.schedule.warmup_steps = absl::GetFlag(FLAGS_warmup) >= 0
-                                      ? absl::GetFlag(FLAGS_warmup)
-                                      : std::max(1, steps / 20);
-  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                   Trainer::Create(*model, options));
+  base_options.schedule.total_steps = steps;
+  base_options.schedule.warmup_steps = absl::GetFlag(FLAGS_warmup) >= 0
+                                           ? absl::GetFlag(FLAGS_warmup)
+                                           : std::max(1, steps / 20);
 
-  // ---- Batches ----
+  // ---- Batches (read-only, shared by the ranks) ----
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   ASSIGN_OR_RETURN(
-      data::TokenDataset dataset,
+      const data::TokenDataset dataset,
       data::TokenDataset::Create(std::move(tokens),
                                  absl::GetFlag(FLAGS_val_fraction), seq));
-  ASSIGN_OR_RETURN(data::Batcher train_batches,
-                   data::Batcher::Create(dataset.train, batch, seq, seed));
-  std::optional<data::EvalBatcher> val_batches;
-  if (!dataset.val.empty()) {
-    ASSIGN_OR_RETURN(val_batches, data::EvalBatcher::Create(
-                                      dataset.val, batch, seq,
-                                      absl::GetFlag(FLAGS_eval_batches)));
-  }
   std::printf("split: %zu training tokens, %zu validation tokens\n",
               dataset.train.size(), dataset.val.size());
-
-  if (resuming) {
-    ASSIGN_OR_RETURN(auto extra, trainer->Load(resume_folder));
-    int64_t position = 0;
-    if (!absl::SimpleAtoi(extra["data_position"], &position)) {
-      return absl::DataLossError("checkpoint lacks data_position");
-    }
-    RETURN_IF_ERROR(train_batches.set_position(position));
-    std::printf("resumed from %s at step %d\n", resume_folder.c_str(),
-                static_cast<int>(trainer->step()));
-  } else {
-    RETURN_IF_ERROR(model->Initialize(seed));
-    if (!checkpoint_dir.empty() && tokenizer != nullptr) {
-      std::error_code error;
-      fs::create_directories(checkpoint_dir, error);
-    }
-  }
-  // Steps first_step to last_step run here (--stop_at_step may end early).
-  const int64_t first_step = trainer->step() + 1;
-  const int64_t last_step = absl::GetFlag(FLAGS_stop_at_step) > 0
-                                ? absl::GetFlag(FLAGS_stop_at_step)
-                                : steps;
-  if (last_step < first_step) {
-    const bool stop = absl::GetFlag(FLAGS_stop_at_step) > 0;
-    return BadFlag(
-        stop ? "stop_at_step" : "steps", absl::StrCat(last_step),
-        absl::StrCat("a step after the checkpoint's (", resume_folder,
-                     " is at step ", trainer->step(), ")"));
+  if (!resuming && !checkpoint_dir.empty() && tokenizer != nullptr) {
+    std::error_code error;
+    fs::create_directories(checkpoint_dir, error);
   }
 
-  // The sampling model: one sequence, f32 logits, the same device.
-  std::unique_ptr<Gpt> sampler;
-  const int sample_length = absl::GetFlag(FLAGS_sample_length);
-  if (sample_length > 0 && tokenizer != nullptr) {
-    ASSIGN_OR_RETURN(sampler,
-                     Gpt::Create(*context, config, {1, seq}, DType::kF32,
-                                 graph::GptHead::kLogits));
-  }
-  auto sample = [&](int64_t step) -> absl::Status {
-    if (sampler == nullptr) return absl::OkStatus();
-    RETURN_IF_ERROR(sampler->CopyParametersFrom(*model));
-    std::vector<int32_t> prompt =
-        tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
-    if (prompt.empty()) prompt.push_back(0);
-    graph::SamplingOptions sampling;
-    sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
-    sampling.top_k = absl::GetFlag(FLAGS_top_k);
-    sampling.seed = seed + static_cast<uint64_t>(step);
-    ASSIGN_OR_RETURN(std::vector<int32_t> generated,
-                     graph::Sample(*sampler, prompt, sample_length, sampling));
-    for (int32_t& id : generated) id = std::min(id, vocab - 1);
-    ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(generated));
-    std::printf(
-        "---- sample at step %d (temperature %.2f, top-k %d) ----\n%s%s\n"
-        "----\n",
-        static_cast<int>(step), sampling.temperature,
-        static_cast<int>(sampling.top_k),
-        Printable(absl::GetFlag(FLAGS_prompt)).c_str(),
-        Printable(text).c_str());
-    return absl::OkStatus();
-  };
-
-  using Clock = std::chrono::steady_clock;
-  auto seconds_since = [](Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-  };
-  // The validation loss (none without a validation split); its time is added
-  // to `seconds`.
-  auto evaluate = [&](double* seconds) -> absl::StatusOr<std::optional<float>> {
-    if (!val_batches) return std::optional<float>();
-    const auto start = Clock::now();
-    std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
-    double sum = 0;
-    for (int64_t k = 0; k < val_batches->num_batches(); ++k) {
-      RETURN_IF_ERROR(val_batches->Fill(k, absl::MakeSpan(inputs),
-                                        absl::MakeSpan(targets)));
-      ASSIGN_OR_RETURN(float loss, trainer->Evaluate(inputs, targets));
-      sum += loss;
-    }
-    *seconds += seconds_since(start);
-    return std::optional<float>(
-        static_cast<float>(sum / val_batches->num_batches()));
-  };
-
-  const int keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  auto save = [&]() -> absl::Status {
-    if (checkpoint_dir.empty()) return absl::OkStatus();
+  // Rank `rank` of `ranks` on `context`, over `comm` (null: one rank). Rank 0
+  // (`lead`) alone prints, validates, samples, writes the metrics and saves.
+  auto train_rank = [&](int rank, Context& context_ref,
+                        Communicator* comm) -> absl::Status {
+    Context* context = &context_ref;
+    const bool lead = rank == 0;
+    // Nothing to switch off for the CUDA graph: the ops detect the capture.
+    LinearCrossEntropyOptions head_options;
     ASSIGN_OR_RETURN(
-        std::string folder,
-        trainer->Save(checkpoint_dir, {{"data_position",
-                                        absl::StrCat(train_batches.position())},
-                                       {"seed", absl::StrCat(seed)}}));
-    if (tokenizer != nullptr) {
-      RETURN_IF_ERROR(
-          tokenizer->Save((fs::path(folder) / kTokenizerFile).string()));
+        std::unique_ptr<Gpt> model,
+        Gpt::Create(*context, config, {rows, seq}, dtype,
+                    head_flag == "fused" ? graph::GptHead::kFusedLoss
+                                         : graph::GptHead::kUnfusedLoss,
+                    head_options));
+    if (lead) {
+      std::printf(
+          "model: %s\n  %.2fM parameters, %s activations, %s head, on "
+          "%s%s%s\n",
+          graph::DescribeGptConfig(config).c_str(),
+          model->parameter_count() / 1e6, DTypeName(dtype), head_flag.c_str(),
+          device.ToString().c_str(),
+          device.is_cuda() && absl::GetFlag(FLAGS_layers) == 0
+              ? " (the GPU default: larger than the CPU's)"
+              : "",
+          ranks > 1 ? absl::StrFormat(" x %d data-parallel ranks (%s)", ranks,
+                                      device.is_cuda() ? "NCCL" : "CPU threads")
+                          .c_str()
+                    : "");
     }
-    ASSIGN_OR_RETURN(std::vector<std::string> removed,
-                     graph::PruneCheckpoints(checkpoint_dir, keep_checkpoints));
-    std::string note;
-    if (!removed.empty()) {
-      for (std::string& path : removed) {
-        path = fs::path(path).filename().string();
+    graph::TrainerOptions options = base_options;
+    options.communicator = comm;
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(*model, options));
+
+    // Every rank draws the same global batches (same seed) and trains on its
+    // rows of them, so the run sees the data of one rank with --batch rows.
+    ASSIGN_OR_RETURN(data::Batcher train_batches,
+                     data::Batcher::Create(dataset.train, batch, seq, seed));
+    std::optional<data::EvalBatcher> val_batches;
+    if (lead && !dataset.val.empty()) {
+      ASSIGN_OR_RETURN(val_batches, data::EvalBatcher::Create(
+                                        dataset.val, batch, seq,
+                                        absl::GetFlag(FLAGS_eval_batches)));
+    }
+
+    if (resuming) {
+      // Every rank loads rank 0's checkpoint: the same weights everywhere.
+      ASSIGN_OR_RETURN(auto extra, trainer->Load(resume_folder));
+      int64_t position = 0;
+      if (!absl::SimpleAtoi(extra["data_position"], &position)) {
+        return absl::DataLossError("checkpoint lacks data_position");
       }
-      note = absl::StrCat(" (removed ", absl::StrJoin(removed, ", "), ")");
+      RETURN_IF_ERROR(train_batches.set_position(position));
+      if (lead) {
+        std::printf("resumed from %s at step %d\n", resume_folder.c_str(),
+                    static_cast<int>(trainer->step()));
+      }
+    } else {
+      RETURN_IF_ERROR(model->Initialize(seed));
     }
-    std::printf("checkpoint: %s%s\n", folder.c_str(), note.c_str());
+    // Steps first_step to last_step run here (--stop_at_step may end early).
+    const int64_t first_step = trainer->step() + 1;
+    const int64_t last_step = absl::GetFlag(FLAGS_stop_at_step) > 0
+                                  ? absl::GetFlag(FLAGS_stop_at_step)
+                                  : steps;
+    if (last_step < first_step) {
+      const bool stop = absl::GetFlag(FLAGS_stop_at_step) > 0;
+      return BadFlag(
+          stop ? "stop_at_step" : "steps", absl::StrCat(last_step),
+          absl::StrCat("a step after the checkpoint's (", resume_folder,
+                       " is at step ", trainer->step(), ")"));
+    }
+
+    // The sampling model: one sequence, f32 logits, the same device.
+    std::unique_ptr<Gpt> sampler;
+    const int sample_length = absl::GetFlag(FLAGS_sample_length);
+    if (lead && sample_length > 0 && tokenizer != nullptr) {
+      ASSIGN_OR_RETURN(sampler,
+                       Gpt::Create(*context, config, {1, seq}, DType::kF32,
+                                   graph::GptHead::kLogits));
+    }
+    auto sample = [&](int64_t step) -> absl::Status {
+      if (sampler == nullptr) return absl::OkStatus();
+      RETURN_IF_ERROR(sampler->CopyParametersFrom(*model));
+      std::vector<int32_t> prompt =
+          tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
+      if (prompt.empty()) prompt.push_back(0);
+      graph::SamplingOptions sampling;
+      sampling.temperature =
+          static_cast<float>(absl::GetFlag(FLAGS_temperature));
+      sampling.top_k = absl::GetFlag(FLAGS_top_k);
+      sampling.seed = seed + static_cast<uint64_t>(step);
+      ASSIGN_OR_RETURN(
+          std::vector<int32_t> generated,
+          graph::Sample(*sampler, prompt, sample_length, sampling));
+      for (int32_t& id : generated) id = std::min(id, vocab - 1);
+      ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(generated));
+      std::printf(
+          "---- sample at step %d (temperature %.2f, top-k %d) ----\n%s%s\n"
+          "----\n",
+          static_cast<int>(step), sampling.temperature,
+          static_cast<int>(sampling.top_k),
+          Printable(absl::GetFlag(FLAGS_prompt)).c_str(),
+          Printable(text).c_str());
+      return absl::OkStatus();
+    };
+
+    using Clock = std::chrono::steady_clock;
+    auto seconds_since = [](Clock::time_point start) {
+      return std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    // The validation loss (none without a validation split, and none on the
+    // ranks other than 0); its time is added to `seconds`. Rank 0 evaluates
+    // each global batch alone, in `ranks` parts of its model's rows: the mean
+    // of the parts' means is the batch's mean (equal parts, every target
+    // counted), as with one rank.
+    std::vector<int32_t> val_inputs, val_targets;  // [batch * seq]
+    if (val_batches) {
+      val_inputs.resize(int64_t{batch} * seq);
+      val_targets.resize(int64_t{batch} * seq);
+    }
+    auto evaluate =
+        [&](double* seconds) -> absl::StatusOr<std::optional<float>> {
+      if (!val_batches) return std::optional<float>();
+      const auto start = Clock::now();
+      double sum = 0;
+      for (int64_t k = 0; k < val_batches->num_batches(); ++k) {
+        RETURN_IF_ERROR(val_batches->Fill(k, absl::MakeSpan(val_inputs),
+                                          absl::MakeSpan(val_targets)));
+        for (int part = 0; part < ranks; ++part) {
+          ASSIGN_OR_RETURN(absl::Span<const int32_t> part_inputs,
+                           graph::RankRows(val_inputs, seq, part, ranks));
+          ASSIGN_OR_RETURN(absl::Span<const int32_t> part_targets,
+                           graph::RankRows(val_targets, seq, part, ranks));
+          ASSIGN_OR_RETURN(float loss,
+                           trainer->Evaluate(part_inputs, part_targets));
+          sum += static_cast<double>(loss) / ranks;
+        }
+      }
+      *seconds += seconds_since(start);
+      return std::optional<float>(
+          static_cast<float>(sum / val_batches->num_batches()));
+    };
+
+    const int keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    auto save = [&]() -> absl::Status {
+      if (!lead || checkpoint_dir.empty()) return absl::OkStatus();
+      ASSIGN_OR_RETURN(std::string folder,
+                       trainer->Save(checkpoint_dir,
+                                     {{"data_position",
+                                       absl::StrCat(train_batches.position())},
+                                      {"seed", absl::StrCat(seed)},
+                                      {"ranks", absl::StrCat(ranks)}}));
+      if (tokenizer != nullptr) {
+        RETURN_IF_ERROR(
+            tokenizer->Save((fs::path(folder) / kTokenizerFile).string()));
+      }
+      ASSIGN_OR_RETURN(
+          std::vector<std::string> removed,
+          graph::PruneCheckpoints(checkpoint_dir, keep_checkpoints));
+      std::string note;
+      if (!removed.empty()) {
+        for (std::string& path : removed) {
+          path = fs::path(path).filename().string();
+        }
+        note = absl::StrCat(" (removed ", absl::StrJoin(removed, ", "), ")");
+      }
+      std::printf("checkpoint: %s%s\n", folder.c_str(), note.c_str());
+      return absl::OkStatus();
+    };
+
+    std::ofstream metrics;
+    if (lead && !absl::GetFlag(FLAGS_metrics).empty()) {
+      metrics.open(absl::GetFlag(FLAGS_metrics),
+                   resuming ? std::ios::app : std::ios::trunc);
+      if (!metrics) {
+        return InvalidArgument("cannot write --metrics=",
+                               absl::GetFlag(FLAGS_metrics));
+      }
+    }
+
+    // ---- Training ----
+    const int eval_interval =
+        Pick(absl::GetFlag(FLAGS_eval_interval), std::max(1, steps / 10));
+    const int log_interval =
+        Pick(absl::GetFlag(FLAGS_log_interval), std::max(1, steps / 30));
+    const int checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+    const int sample_interval = absl::GetFlag(FLAGS_sample_interval);
+    if (lead) {
+      std::printf(
+          "training: %d steps of %d x %d x %d tokens%s, lr %.2g (warm-up "
+          "%d, cosine to %.2g)%s\n",
+          steps, micro, batch, seq,
+          ranks > 1
+              ? absl::StrFormat(" (%d rows on each of %d ranks)", rows, ranks)
+                    .c_str()
+              : "",
+          lr, static_cast<int>(options.schedule.warmup_steps),
+          options.schedule.min_lr,
+          last_step < steps
+              ? absl::StrFormat("; stopping after step %d", last_step).c_str()
+              : "");
+    }
+    // [micro * batch * seq]: the global batch; [micro * rows * seq]: this
+    // rank's rows of each of its micro-batches.
+    std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
+    std::vector<int32_t> rank_inputs(rank_tokens_per_step),
+        rank_targets(rank_tokens_per_step);
+    // Training time (batches, forward, backward, update) apart from the time
+    // of validations, checkpoints and samples: tokens/s counts training only.
+    double train_s = 0, eval_s = 0;
+    const auto run_start = Clock::now();
+    std::optional<float> first_val, last_val;
+    if (!resuming) {
+      double seconds = 0;
+      ASSIGN_OR_RETURN(first_val, evaluate(&seconds));
+      eval_s += seconds;
+      if (first_val) {
+        std::printf("step 0: val loss %.4f (eval %s)\n", *first_val,
+                    HumanSeconds(seconds).c_str());
+        if (metrics.is_open()) {
+          MetricsLine line;
+          line.val_loss = *first_val;
+          line.eval_s = seconds;
+          RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
+        }
+      }
+    }
+    const auto loop_start = Clock::now();
+    double interval_train_s = 0;
+    int64_t interval_tokens = 0;
+    float last_loss = 0;
+    const int64_t global_micro = int64_t{batch} * seq;
+    const int64_t rank_micro = int64_t{rows} * seq;
+    for (int64_t step = first_step; step <= last_step; ++step) {
+      const auto step_start = Clock::now();
+      for (int k = 0; k < micro; ++k) {
+        const auto global_inputs =
+            absl::MakeSpan(inputs).subspan(k * global_micro, global_micro);
+        const auto global_targets =
+            absl::MakeSpan(targets).subspan(k * global_micro, global_micro);
+        RETURN_IF_ERROR(train_batches.Next(global_inputs, global_targets));
+        ASSIGN_OR_RETURN(absl::Span<const int32_t> own_inputs,
+                         graph::RankRows(global_inputs, seq, rank, ranks));
+        ASSIGN_OR_RETURN(absl::Span<const int32_t> own_targets,
+                         graph::RankRows(global_targets, seq, rank, ranks));
+        std::copy(own_inputs.begin(), own_inputs.end(),
+                  rank_inputs.begin() + k * rank_micro);
+        std::copy(own_targets.begin(), own_targets.end(),
+                  rank_targets.begin() + k * rank_micro);
+      }
+      ASSIGN_OR_RETURN(Trainer::StepStats stats,
+                       trainer->Step(rank_inputs, rank_targets));
+      // Step waits for the device (it reads the loss back): this is its time.
+      const double step_s = seconds_since(step_start);
+      train_s += step_s;
+      interval_train_s += step_s;
+      last_loss = stats.loss;
+      interval_tokens += tokens_per_step;
+      if (!std::isfinite(stats.loss)) {
+        return absl::InternalError(absl::StrCat("the loss diverged at step ",
+                                                step, " (", stats.loss,
+                                                "); try a lower --lr"));
+      }
+      std::optional<float> val;
+      double val_s = 0;
+      if (step % eval_interval == 0 || step == last_step) {
+        ASSIGN_OR_RETURN(val, evaluate(&val_s));
+        eval_s += val_s;
+        if (val) last_val = val;
+      }
+      if (lead && (step % log_interval == 0 || step == last_step || val)) {
+        // Of the global batch; each rank trains on 1 / ranks of it.
+        const double tokens_per_s =
+            interval_tokens / std::max(interval_train_s, 1e-9);
+        const double elapsed = seconds_since(loop_start);
+        const double eta =
+            elapsed / (step - first_step + 1) * (last_step - step);
+        if (metrics.is_open()) {
+          MetricsLine line;
+          line.step = step;
+          line.loss = stats.loss;
+          line.val_loss = val;
+          line.tokens_per_s = tokens_per_s;
+          line.train_s = interval_train_s;
+          if (val) line.eval_s = val_s;
+          RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
+        }
+        std::printf(
+            "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
+            "%.1fK tok/s%s | ETA %s | mem %s\n",
+            static_cast<int>(step), steps, stats.loss,
+            val ? absl::StrFormat("%.4f (eval %s)", *val, HumanSeconds(val_s))
+                      .c_str()
+                : "   -  ",
+            stats.lr, stats.grad_norm, tokens_per_s / 1e3,
+            ranks > 1
+                ? absl::StrFormat(" (%.1fK/rank)", tokens_per_s / ranks / 1e3)
+                      .c_str()
+                : "",
+            HumanDuration(eta).c_str(),
+            HumanBytes(context->allocator().peak_bytes()).c_str());
+        std::fflush(stdout);
+        interval_train_s = 0;
+        interval_tokens = 0;
+      }
+      if (checkpoint_interval > 0 && step % checkpoint_interval == 0 &&
+          step != last_step) {
+        RETURN_IF_ERROR(save());
+      }
+      if (sample_interval > 0 && step % sample_interval == 0 &&
+          step != last_step) {
+        RETURN_IF_ERROR(sample(step));
+      }
+    }
+    const double total_s = seconds_since(run_start);
+    RETURN_IF_ERROR(save());
+    RETURN_IF_ERROR(sample(last_step));
+    if (!lead) return absl::OkStatus();
+    const int64_t steps_run = last_step - first_step + 1;
+    const int64_t tokens_run = steps_run * tokens_per_step;
+    const double tokens_per_s = tokens_run / std::max(train_s, 1e-9);
+    absl::PrintF(
+        "done: %d steps%s, %d tokens in %s (training %s, %.1fK tokens/s%s; "
+        "evaluation %s), final train loss %.4f, val loss %s%s, peak memory "
+        "%s\n",
+        steps_run,
+        first_step == 1 && last_step == steps
+            ? ""
+            : absl::StrFormat(" (%d-%d of %d)", first_step, last_step, steps),
+        tokens_run, HumanSeconds(total_s), HumanSeconds(train_s),
+        tokens_per_s / 1e3,
+        ranks > 1 ? absl::StrFormat(", %.1fK per rank of %d",
+                                    tokens_per_s / ranks / 1e3, ranks)
+                  : "",
+        HumanSeconds(eval_s), last_loss,
+        last_val ? absl::StrFormat("%.4f", *last_val) : "-",
+        first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val) : "",
+        HumanBytes(context->allocator().peak_bytes()));
     return absl::OkStatus();
   };
 
-  std::ofstream metrics;
-  if (!absl::GetFlag(FLAGS_metrics).empty()) {
-    metrics.open(absl::GetFlag(FLAGS_metrics),
-                 resuming ? std::ios::app : std::ios::trunc);
-    if (!metrics) {
-      return InvalidArgument("cannot write --metrics=",
-                             absl::GetFlag(FLAGS_metrics));
-    }
+  if (ranks == 1) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
+    return train_rank(0, *context, nullptr);
   }
-
-  // ---- Training ----
-  const int eval_interval =
-      Pick(absl::GetFlag(FLAGS_eval_interval), std::max(1, steps / 10));
-  const int log_interval =
-      Pick(absl::GetFlag(FLAGS_log_interval), std::max(1, steps / 30));
-  const int checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
-  const int sample_interval = absl::GetFlag(FLAGS_sample_interval);
-  std::printf(
-      "training: %d steps of %d x %d x %d tokens, lr %.2g (warm-up "
-      "%d, cosine to %.2g)%s\n",
-      steps, micro, batch, seq, lr,
-      static_cast<int>(options.schedule.warmup_steps), options.schedule.min_lr,
-      last_step < steps
-          ? absl::StrFormat("; stopping after step %d", last_step).c_str()
-          : "");
-  std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
-  // Training time (batches, forward, backward, update) apart from the time of
-  // validations, checkpoints and samples: tokens/s counts training only.
-  double train_s = 0, eval_s = 0;
-  const auto run_start = Clock::now();
-  std::optional<float> first_val, last_val;
-  if (!resuming) {
-    double seconds = 0;
-    ASSIGN_OR_RETURN(first_val, evaluate(&seconds));
-    eval_s += seconds;
-    if (first_val) {
-      std::printf("step 0: val loss %.4f (eval %s)\n", *first_val,
-                  HumanSeconds(seconds).c_str());
-      if (metrics.is_open()) {
-        MetricsLine line;
-        line.val_loss = *first_val;
-        line.eval_s = seconds;
-        RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
+  // ---- Data-parallel ranks: one thread each ----
+  // CPU: one in-process group. The timeout only bounds a rank waiting for
+  // the others while rank 0 validates, samples or saves: a rank that fails
+  // aborts the group, so that the others fail at once instead.
+  std::vector<std::unique_ptr<Communicator>> cpu_comms;
+  std::string nccl_id;
+  if (device.is_cuda()) {
+    ASSIGN_OR_RETURN(nccl_id, NcclCommunicator::NewUniqueId());
+  } else {
+    ASSIGN_OR_RETURN(cpu_comms,
+                     CpuCommunicatorGroup::Create(ranks, absl::Hours(1)));
+  }
+  std::vector<absl::Status> results(ranks);
+  auto run_rank = [&](int rank) -> absl::Status {
+    // cuda:K + rank (K: --device's ordinal); the CPU for every CPU rank.
+    const Device rank_device =
+        device.is_cuda() ? Device::Cuda(device.ordinal + rank) : device;
+    std::unique_ptr<Context> context;
+    std::unique_ptr<NcclCommunicator> nccl;
+    Communicator* comm = device.is_cuda() ? nullptr : cpu_comms[rank].get();
+    absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(context, Context::Create(rank_device));
+      if (device.is_cuda()) {
+        ASSIGN_OR_RETURN(
+            nccl, NcclCommunicator::Create(nccl_id, rank, ranks, *context));
+        comm = nccl.get();
       }
+      return train_rank(rank, *context, comm);
+    }();
+    if (!status.ok() && comm != nullptr) {
+      comm->Abort(absl::StrCat("rank ", rank, ": ", status.message()))
+          .IgnoreError();
     }
+    return status;
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] { results[rank] = run_rank(rank); });
   }
-  const auto loop_start = Clock::now();
-  double interval_train_s = 0;
-  int64_t interval_tokens = 0;
-  float last_loss = 0;
-  for (int64_t step = first_step; step <= last_step; ++step) {
-    const auto step_start = Clock::now();
-    for (int k = 0; k < micro; ++k) {
-      const int64_t offset = int64_t{k} * batch * seq;
-      RETURN_IF_ERROR(train_batches.Next(
-          absl::MakeSpan(inputs).subspan(offset, int64_t{batch} * seq),
-          absl::MakeSpan(targets).subspan(offset, int64_t{batch} * seq)));
-    }
-    ASSIGN_OR_RETURN(Trainer::StepStats stats, trainer->Step(inputs, targets));
-    // Step waits for the device (it reads the loss back): this is its time.
-    const double step_s = seconds_since(step_start);
-    train_s += step_s;
-    interval_train_s += step_s;
-    last_loss = stats.loss;
-    interval_tokens += tokens_per_step;
-    if (!std::isfinite(stats.loss)) {
-      return absl::InternalError(absl::StrCat("the loss diverged at step ",
-                                              step, " (", stats.loss,
-                                              "); try a lower --lr"));
-    }
-    std::optional<float> val;
-    double val_s = 0;
-    if (step % eval_interval == 0 || step == last_step) {
-      ASSIGN_OR_RETURN(val, evaluate(&val_s));
-      eval_s += val_s;
-      if (val) last_val = val;
-    }
-    if (step % log_interval == 0 || step == last_step || val) {
-      const double tokens_per_s =
-          interval_tokens / std::max(interval_train_s, 1e-9);
-      const double elapsed = seconds_since(loop_start);
-      const double eta = elapsed / (step - first_step + 1) * (last_step - step);
-      if (metrics.is_open()) {
-        MetricsLine line;
-        line.step = step;
-        line.loss = stats.loss;
-        line.val_loss = val;
-        line.tokens_per_s = tokens_per_s;
-        line.train_s = interval_train_s;
-        if (val) line.eval_s = val_s;
-        RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
-      }
-      std::printf(
-          "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
-          "%.1fK tok/s | ETA %s | mem %s\n",
-          static_cast<int>(step), steps, stats.loss,
-          val ? absl::StrFormat("%.4f (eval %s)", *val, HumanSeconds(val_s))
-                    .c_str()
-              : "   -  ",
-          stats.lr, stats.grad_norm, tokens_per_s / 1e3,
-          HumanDuration(eta).c_str(),
-          HumanBytes(context->allocator().peak_bytes()).c_str());
-      std::fflush(stdout);
-      interval_train_s = 0;
-      interval_tokens = 0;
-    }
-    if (checkpoint_interval > 0 && step % checkpoint_interval == 0 &&
-        step != last_step) {
-      RETURN_IF_ERROR(save());
-    }
-    if (sample_interval > 0 && step % sample_interval == 0 &&
-        step != last_step) {
-      RETURN_IF_ERROR(sample(step));
-    }
+  for (std::thread& thread : threads) thread.join();
+  // The cause: the first rank's error that is not another rank's abort.
+  for (const absl::Status& status : results) {
+    if (!status.ok() && !absl::IsAborted(status)) return status;
   }
-  const double total_s = seconds_since(run_start);
-  RETURN_IF_ERROR(save());
-  RETURN_IF_ERROR(sample(last_step));
-  const int64_t steps_run = last_step - first_step + 1;
-  const int64_t tokens_run = steps_run * tokens_per_step;
-  absl::PrintF(
-      "done: %d steps%s, %d tokens in %s (training %s, %.1fK tokens/s; "
-      "evaluation %s), final train loss %.4f, val loss %s%s, peak memory %s\n",
-      steps_run,
-      first_step == 1 && last_step == steps
-          ? ""
-          : absl::StrFormat(" (%d-%d of %d)", first_step, last_step, steps),
-      tokens_run, HumanSeconds(total_s), HumanSeconds(train_s),
-      tokens_run / std::max(train_s, 1e-9) / 1e3, HumanSeconds(eval_s),
-      last_loss, last_val ? absl::StrFormat("%.4f", *last_val) : "-",
-      first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val) : "",
-      HumanBytes(context->allocator().peak_bytes()));
+  for (const absl::Status& status : results) RETURN_IF_ERROR(status);
   return absl::OkStatus();
 }
 

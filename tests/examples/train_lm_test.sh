@@ -6,7 +6,8 @@
 # run stopped at step 6 must say so, and resumed from its checkpoint must log exactly the
 # losses of an uninterrupted run; only the newest --keep_checkpoints checkpoints may stay,
 # with the temporary folders of interrupted saves gone and nothing else touched; every bad
-# flag value must fail with an error naming the flag; without --data, a data/fortunes
+# flag value must fail with an error naming the flag; --ranks=2 and 3 (CPU threads) must
+# give one rank's losses and resume exactly; without --data, a data/fortunes
 # folder above the binary is the corpus, and with none there nor Debian's, a clear error.
 set -euo pipefail
 
@@ -134,6 +135,59 @@ for bad in --steps=12 --stop_at_step=6; do
   grep -qF -- "INVALID_ARGUMENT: ${bad} is invalid" "${WORK}/bad.log" || { cat "${WORK}/bad.log"; fail "unclear error for ${bad}"; }
 done
 
+# 2b. Data-parallel ranks in one process (--ranks=N, CPU threads): on one global batch of 12
+#     rows, 2 and 3 ranks log the per-step training and validation losses of 1 rank (to a
+#     relative 1e-4; the gradient sums differ in rounding only), rank 0 alone writes the
+#     metrics and reports tokens/s per rank; stopped at step 3 and resumed from rank 0's
+#     checkpoint with the same ranks, the losses are exactly those of the uninterrupted run.
+DP=(--data="${CORPUS}" "${MODEL[@]}" --batch=12 --steps=6 --log_interval=1 --eval_interval=3
+    --sample_length=0)
+for n in 1 2 3; do
+  "${TRAIN_LM}" "${DP[@]}" --ranks="${n}" --metrics="${WORK}/dp${n}.jsonl" > "${WORK}/dp${n}.log" 2>&1 ||
+    { cat "${WORK}/dp${n}.log"; fail "--ranks=${n} failed"; }
+done
+for n in 2 3; do
+  grep -q "x ${n} data-parallel ranks (CPU threads)" "${WORK}/dp${n}.log" ||
+    { cat "${WORK}/dp${n}.log"; fail "--ranks=${n}: the model line does not name the ranks"; }
+  grep -q "K tok/s (.*K/rank)" "${WORK}/dp${n}.log" || fail "--ranks=${n}: no tokens/s per rank"
+  grep -q "^done: 6 steps, $((6 * 12 * 32)) tokens in .*K per rank of ${n};" "${WORK}/dp${n}.log" ||
+    { cat "${WORK}/dp${n}.log"; fail "--ranks=${n}: no summary with tokens/s per rank"; }
+  [[ $(grep -c "^step     1/6" "${WORK}/dp${n}.log") == 1 ]] || fail "--ranks=${n}: more than rank 0 prints"
+done
+python3 - "${WORK}/dp1.jsonl" "${WORK}/dp2.jsonl" "${WORK}/dp3.jsonl" <<'PY' || fail "the ranks' losses differ from one rank's"
+import json, sys
+runs = [[json.loads(l) for l in open(path)] for path in sys.argv[1:]]
+one = runs[0]
+assert [r["step"] for r in one] == list(range(7)), [r["step"] for r in one]
+for path, rows in zip(sys.argv[2:], runs[1:]):
+    # Rank 0 alone writes: one line per step, as with one rank.
+    assert [r["step"] for r in rows] == [r["step"] for r in one], (path, rows)
+    for a, b in zip(one, rows):
+        for key in ("loss", "val_loss"):
+            assert (a[key] is None) == (b[key] is None), (path, key, a, b)
+            if a[key] is not None:
+                assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]), (path, key, a, b)
+print("--ranks=2 and 3 match --ranks=1 at steps", [r["step"] for r in one])
+PY
+DPCKPT=${WORK}/dp_ckpt
+"${TRAIN_LM}" "${DP[@]}" --ranks=2 --stop_at_step=3 --checkpoint_dir="${DPCKPT}" \
+  --metrics="${WORK}/dp_resumed.jsonl" > "${WORK}/dp_first.log" 2>&1 ||
+  { cat "${WORK}/dp_first.log"; fail "--ranks=2 first half failed"; }
+[[ "$(listing "${DPCKPT}")" == "latest step-00000003 " ]] ||
+  fail "--ranks=2 checkpoints: '$(listing "${DPCKPT}")'"
+"${TRAIN_LM}" "${DP[@]}" --ranks=2 --resume --checkpoint_dir="${DPCKPT}" \
+  --metrics="${WORK}/dp_resumed.jsonl" > "${WORK}/dp_second.log" 2>&1 ||
+  { cat "${WORK}/dp_second.log"; fail "--ranks=2 resumed half failed"; }
+python3 - "${WORK}/dp2.jsonl" "${WORK}/dp_resumed.jsonl" <<'PY' || fail "--ranks=2 resume is not exact"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [r["step"] for r in a] == [r["step"] for r in b], (a, b)
+for x, y in zip(a, b):
+    assert x["loss"] == y["loss"] and x["val_loss"] == y["val_loss"], (x, y)
+print("--ranks=2 resumed at step 3 equals the uninterrupted run")
+PY
+
 # 3. Bad input: a clear error naming the flag and its value, exit status 1 (no crash), and
 #    nothing written. Each case: the flags as given, then what the message must hold.
 if "${TRAIN_LM}" --data="${WORK}/missing" --device=cpu > "${WORK}/bad.log" 2>&1; then
@@ -171,6 +225,12 @@ BAD_FLAGS=(
   "--top_k=-1|--top_k=-1 is invalid"
   "--batch=65536 --micro_batches=65536|--batch=65536 x --context=32 x --micro_batches=65536 = 137438953472 tokens per step is invalid: want at most 2147483647"
   "--resume|--resume needs --checkpoint_dir"
+  "--ranks=0|--ranks=0 is invalid: want an integer in [1, 1024]"
+  "--ranks=1025|--ranks=1025 is invalid: want an integer in [1, 1024]"
+  "--ranks=3|--batch=8 is invalid: want a multiple of --ranks = 3"
+  "--gpus=-1|--gpus=-1 is invalid: want 0 (use --ranks) or an integer in [1, 1024]"
+  "--gpus=2|--gpus=2 is invalid: want 0 with --device=cpu (use --ranks)"
+  "--gpus=2 --ranks=4|--gpus=2 is invalid: want 0 or --ranks = 4"
 )
 for case in "${BAD_FLAGS[@]}"; do
   flag=${case%%|*}
