@@ -2,8 +2,8 @@
 // first two input bytes pick the vocabulary size (256 to 256 + 1023) and the
 // minimum pair frequency (1 to 4), the rest is the training text. Training
 // must succeed within the asked vocabulary with valid merges (FromMerges
-// accepts them), match a naive reference trainer (recount every pair at every
-// merge) on small cases, encode every training word to the segmentation
+// accepts them), match the naive reference trainer (tests/data/naive_bpe.h) on
+// small cases, encode every training word to the segmentation
 // training ended with, and encode and decode the text back exactly.
 #include <cstdint>
 #include <map>
@@ -15,62 +15,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/pretokenizer.h"
 #include "fuzz/fuzz_util.h"
-
-namespace lossrt {
-namespace data {
-namespace {
-
-using Merge = BpeTokenizer::Merge;
-
-// Naive BPE (as in tests/data/bpe_tokenizer_test.cc): the most frequent pair
-// over all words wins, ties to the smaller (left, right); also each unique
-// word's final tokens.
-std::vector<Merge> NaiveTrain(
-    absl::string_view text, int vocab_size, int64_t min_frequency,
-    std::map<std::string, std::vector<int32_t>>* segmentation) {
-  std::map<std::string, int64_t> counts;
-  ForEachWord(text,
-              [&](absl::string_view word) { ++counts[std::string(word)]; });
-  std::map<std::string, std::vector<int32_t>>& words = *segmentation;
-  for (const auto& [word, count] : counts) {
-    for (const unsigned char c : word) words[word].push_back(c);
-  }
-  std::vector<Merge> merges;
-  while (256 + static_cast<int>(merges.size()) < vocab_size) {
-    std::map<Merge, int64_t> pairs;
-    for (const auto& [word, tokens] : words) {
-      for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-        pairs[{tokens[i], tokens[i + 1]}] += counts[word];
-      }
-    }
-    Merge best;
-    int64_t best_count = 0;
-    for (const auto& [pair, count] : pairs) {  // ascending pair order
-      if (count > best_count) best = pair, best_count = count;
-    }
-    if (best_count == 0 || best_count < min_frequency) break;
-    const int32_t id = 256 + static_cast<int32_t>(merges.size());
-    merges.push_back(best);
-    for (auto& [word, tokens] : words) {
-      std::vector<int32_t> merged;
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        if (i + 1 < tokens.size() && tokens[i] == best.first &&
-            tokens[i + 1] == best.second) {
-          merged.push_back(id);
-          ++i;
-        } else {
-          merged.push_back(tokens[i]);
-        }
-      }
-      tokens = std::move(merged);
-    }
-  }
-  return merges;
-}
-
-}  // namespace
-}  // namespace data
-}  // namespace lossrt
+#include "tests/data/naive_bpe.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using lossrt::data::BpeTokenizer;
@@ -93,11 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The reference is quadratic: small cases only.
   if (text.size() <= 512 && vocab_size <= 256 + 64) {
-    std::map<std::string, std::vector<int32_t>> segmentation;
-    const std::vector<BpeTokenizer::Merge> merges = lossrt::data::NaiveTrain(
-        text, vocab_size, options.min_frequency, &segmentation);
-    FUZZ_CHECK(tokenizer->merges() == merges);
-    for (const auto& [word, tokens] : segmentation) {
+    const lossrt::data::NaiveBpe reference =
+        lossrt::data::NaiveBpeTrain(text, vocab_size, options.min_frequency);
+    FUZZ_CHECK(tokenizer->merges() == reference.merges);
+    for (const auto& [word, tokens] : reference.segmentation) {
       FUZZ_CHECK(tokenizer->Encode(word) == tokens);
     }
   }

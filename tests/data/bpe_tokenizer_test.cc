@@ -22,6 +22,7 @@
 #include "data/corpus.h"
 #include "data/pretokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/data/naive_bpe.h"
 #include "tests/data/test_files.h"
 #include "tests/gpu_test_util.h"
 
@@ -35,55 +36,6 @@ using test::WriteFile;
 
 namespace fs = std::filesystem;
 using Merge = BpeTokenizer::Merge;
-
-// Naive BPE: recounts every pair over all words at each merge; the most
-// frequent pair wins, ties to the smaller (left, right). Also returns each
-// unique word's final tokens.
-struct Reference {
-  std::vector<Merge> merges;
-  std::map<std::string, std::vector<int32_t>> segmentation;
-};
-Reference NaiveTrain(absl::string_view text, int vocab_size,
-                     int64_t min_frequency) {
-  std::map<std::string, int64_t> counts;
-  for (absl::string_view word : SplitWords(text)) ++counts[std::string(word)];
-  std::map<std::string, std::vector<int32_t>> words;
-  for (const auto& [word, count] : counts) {
-    for (unsigned char c : word) words[word].push_back(c);
-  }
-  Reference reference;
-  while (256 + static_cast<int>(reference.merges.size()) < vocab_size) {
-    std::map<Merge, int64_t> pairs;
-    for (const auto& [word, tokens] : words) {
-      for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-        pairs[{tokens[i], tokens[i + 1]}] += counts[word];
-      }
-    }
-    Merge best;
-    int64_t best_count = 0;
-    for (const auto& [pair, count] : pairs) {  // ascending pair order
-      if (count > best_count) best = pair, best_count = count;
-    }
-    if (best_count < min_frequency || best_count == 0) break;
-    const int32_t id = 256 + static_cast<int32_t>(reference.merges.size());
-    reference.merges.push_back(best);
-    for (auto& [word, tokens] : words) {
-      std::vector<int32_t> merged;
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        if (i + 1 < tokens.size() && tokens[i] == best.first &&
-            tokens[i + 1] == best.second) {
-          merged.push_back(id);
-          ++i;
-        } else {
-          merged.push_back(tokens[i]);
-        }
-      }
-      tokens = std::move(merged);
-    }
-  }
-  reference.segmentation = std::move(words);
-  return reference;
-}
 
 // Random text over a small alphabet, so that pairs repeat and ties happen.
 std::string RandomText(std::mt19937_64& rng, size_t length,
@@ -172,7 +124,7 @@ TEST(BpeTrainTest, MatchesNaiveReferenceAndItsSegmentation) {
     options.min_frequency = min_frequency;
     auto tokenizer = BpeTokenizer::Train(text, vocab, options);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    const Reference reference = NaiveTrain(text, vocab, min_frequency);
+    const NaiveBpe reference = NaiveBpeTrain(text, vocab, min_frequency);
     ASSERT_EQ(tokenizer->merges(), reference.merges);
     ASSERT_LE(tokenizer->vocab_size(), vocab);
     // Encoding a training word gives the segmentation training ended with.
