@@ -29,8 +29,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly STAGE=${GPU_STAGE_DIR:-gpu_stage}  # relative to the repository root
 readonly BAZEL=${BAZEL:-./bazelw}
 readonly BUILD_FLAGS=(-c opt "$@")
-# Libraries a staged binary may load: the C library family, the loader and cuBLAS.
-readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|ld-linux[-a-z0-9_]*\.so)'
+# Libraries a staged binary may load: the C library family, the loader, cuBLAS and NCCL.
+# libnccl (only binaries that use //runtime:nccl_communicator, e.g. runtime_nccl_communicator_test):
+# the GPU machine's PyTorch ships libnccl.so.2, and the test needs LD_LIBRARY_PATH pointing at
+# it there: the lib/ folder of
+#   python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
+readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|libnccl\.so|ld-linux[-a-z0-9_]*\.so)'
 
 say() { echo "stage_gpu: $*" >&2; }
 
