@@ -13,8 +13,8 @@
 #   gpu_stage/run_gpu_tests.sh        runs every test next to it: gpu_stage/run_gpu_tests.sh
 #   gpu_stage/MANIFEST                label, file, libraries and glibc version of each binary
 #
-# Each binary is checked with ldd: only libc, libm, libdl, libpthread, librt, libcublas*
-# and the dynamic loader may be linked (Abseil, GoogleTest and libstdc++ are static, cudart
+# Each binary is checked with ldd: only libc, libm, libdl, libpthread, librt, libcublas*,
+# libnccl (the NCCL binaries only) and the dynamic loader may be linked (Abseil, GoogleTest and libstdc++ are static, cudart
 # is static, cuBLAS comes from the CUDA install). Anything else is reported and the script
 # exits 1 after staging. Extra arguments go to `bazel build`, e.g.
 #
