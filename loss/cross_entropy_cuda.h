@@ -1,7 +1,6 @@
-// CUDA launchers of the cross-entropy kernels (loss/cross_entropy_cuda.cu).
-// Internal to
-// //loss; used by the cross-entropy op and, chunk by chunk, by the linear
-// cross-entropy.
+// CUDA launchers of the cross-entropy kernels (loss/cross_entropy_launch.cu,
+// _scan.cu and the kernel families they call). Internal to //loss; used by the
+// cross-entropy op and, chunk by chunk, by the linear cross-entropy.
 #ifndef LOSSRT_LOSS_CROSS_ENTROPY_CUDA_H_
 #define LOSSRT_LOSS_CROSS_ENTROPY_CUDA_H_
 

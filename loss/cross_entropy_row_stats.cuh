@@ -330,13 +330,12 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
   if (args.lse != nullptr) args.lse[row] = lse;
 }
 
-// Unpacks one 16-byte piece to floats, applies the soft cap, and turns elements
-// past the vocabulary into -inf. kPadded: the piece was loaded with -inf past
-// the vocabulary (Tile::Load), so only a soft cap, which takes -inf to -cap,
-// needs the test; else (the zero-filled copies of the pipelined backward)
-// every piece takes it. A per-piece test in every pass over a tile cost the
-// fp32 forward a branch, a barrier pair and register copies a piece.
-template <typename T, int kW, bool kPadded = false>
+// Unpacks one 16-byte piece to floats and applies the soft cap. The piece was
+// loaded with -inf past the vocabulary (Tile::Load), so only a soft cap, which
+// takes -inf to -cap, needs the test for the row's end: a per-piece test in
+// every pass over a tile cost the fp32 forward a branch, a barrier pair and
+// register copies a piece.
+template <typename T, int kW>
 __device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
                                           float softcap, float inv_cap,
                                           float (&out)[kW]) {
@@ -351,7 +350,7 @@ __device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
 #pragma unroll
     for (int k = 0; k < kW; ++k) out[k] = softcap * tanhf(out[k] * inv_cap);
   }
-  if ((!kPadded || inv_cap > 0.0f) && base + kW > vocab) {
+  if (inv_cap > 0.0f && base + kW > vocab) {
 #pragma unroll
     for (int k = 0; k < kW; ++k) {
       if (base + k >= vocab) out[k] = NegInf();

@@ -67,7 +67,7 @@ struct Tile<T, R, true> {
   __device__ __forceinline__ void Unpack(int r, int base, int vocab,
                                          float softcap, float inv_cap,
                                          float (&x)[kW]) const {
-    UnpackVec<T, kW, true>(raw[r], base, vocab, softcap, inv_cap, x);
+    UnpackVec<T, kW>(raw[r], base, vocab, softcap, inv_cap, x);
   }
   // Piece r as four floats, as stored (fp32 tiles only).
   __device__ __forceinline__ void Floats(int r, float (&x)[kW]) const {
