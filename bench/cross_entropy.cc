@@ -252,28 +252,25 @@ absl::Status Sweep(Context& context, int64_t tokens,
   // off or on; np: one row a CTA group (not persistent); pers: the
   // backward's persistent grid; barrier: the fused clusters' barrier
   // exchange in place of the mbarrier one.
-  std::vector<Variant> variants(12);
-  variants[0].name = "auto";
-  variants[1].name = "cluster";
-  variants[1].kernel = 1;
-  for (int g = 0; g < 3; ++g) {
-    variants[2 + g].name = g == 0 ? "warp/g1" : g == 1 ? "warp/g2" : "warp/g4";
-    variants[2 + g].warps_per_row = 1 << g;
-  }
-  variants[5].name = "auto/exact";
-  variants[5].fast_sum = 1;
-  variants[6].name = "auto/fast";
-  variants[6].fast_sum = 2;
-  variants[7].name = "auto/nopf";
-  variants[7].l2_prefetch = -1;
-  variants[8].name = "auto/pf";
-  variants[8].l2_prefetch = 1;
-  variants[9].name = "auto/np";
-  variants[9].one_row_per_group = 1;
-  variants[10].name = "bwd/pers";
-  variants[10].one_row_per_group = -1;
-  variants[11].name = "fused/barrier";
-  variants[11].exchange = -1;
+  std::vector<Variant> variants;
+  auto add = [&](const char* name, auto set) {
+    Variant variant;
+    variant.name = name;
+    set(variant);
+    variants.push_back(variant);
+  };
+  add("auto", [](Variant&) {});
+  add("cluster", [](Variant& v) { v.kernel = 1; });
+  add("warp/g1", [](Variant& v) { v.warps_per_row = 1; });
+  add("warp/g2", [](Variant& v) { v.warps_per_row = 2; });
+  add("warp/g4", [](Variant& v) { v.warps_per_row = 4; });
+  add("auto/exact", [](Variant& v) { v.fast_sum = 1; });
+  add("auto/fast", [](Variant& v) { v.fast_sum = 2; });
+  add("auto/nopf", [](Variant& v) { v.l2_prefetch = -1; });
+  add("auto/pf", [](Variant& v) { v.l2_prefetch = 1; });
+  add("auto/np", [](Variant& v) { v.one_row_per_group = 1; });
+  add("bwd/pers", [](Variant& v) { v.one_row_per_group = -1; });
+  add("fused/barrier", [](Variant& v) { v.exchange = -1; });
 
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
   ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context.device()));
