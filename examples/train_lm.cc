@@ -70,9 +70,12 @@
 ABSL_FLAG(std::string, data, "",
           "Training data: a text file, a folder of text files (fortune files "
           "are recognized), or llm.c token shards (a .bin file or a glob "
-          "pattern ending in .bin). Empty: the default corpus, a data/fortunes "
-          "folder in the binary's folder or one above it (tools/stage_gpu.sh "
-          "stages one), else Debian's /usr/share/games/fortunes.");
+          "pattern ending in .bin). Empty: the default corpus: on a GPU a "
+          "data/gpu_corpus folder (tools/make_gpu_corpus.sh: fortunes, package "
+          "docs and manual pages, about 55 MB) in the binary's folder or one "
+          "above it; else, or without one, a data/fortunes folder found the "
+          "same way (tools/stage_gpu.sh stages both), else Debian's "
+          "/usr/share/games/fortunes.");
 ABSL_FLAG(std::string, tokenizer, "bpe",
           "'bpe' (train a byte-level BPE on the data), 'byte', or the path of "
           "a tokenizer file saved earlier. Ignored for token shards.");
@@ -170,14 +173,16 @@ using graph::Trainer;
 
 constexpr char kTokenizerFile[] = "tokenizer.txt";
 
-// Sizes that differ between a CPU run (minutes on two cores) and a GPU run.
+// Sizes that differ between a CPU run (minutes on two cores) and a GPU run (a
+// GPT-2-small-sized model for a minute or two on the GPU corpus: about 1.5
+// passes over its training tokens, where the validation loss still falls).
 struct RunDefaults {
   int layers, heads, width, context, batch, steps, vocab;
   double lr;
 };
 
 RunDefaults DefaultsFor(const Device& device) {
-  if (device.is_cuda()) return {6, 6, 384, 256, 64, 500, 8192, 1e-3};
+  if (device.is_cuda()) return {12, 12, 768, 512, 32, 1500, 8192, 6e-4};
   return {4, 4, 128, 64, 16, 500, 4096, 2e-3};
 }
 
@@ -434,35 +439,53 @@ absl::Status CheckTokensPerStep(int64_t batch, int64_t context, int64_t micro) {
       " = ", tokens, " tokens per step is invalid: want at most ", kMaxInt32);
 }
 
-// The default corpus (see --data): a data/fortunes next to the binary or in
-// a folder above it, else Debian's. `how` says which it is.
-absl::StatusOr<std::string> FindDefaultCorpus(std::string* how) {
+// The default corpus (see --data). On a GPU: a data/gpu_corpus folder (made by
+// tools/make_gpu_corpus.sh; tools/stage_gpu.sh stages one) next to the binary
+// or in a folder above it. Else, or when there is none: a data/fortunes folder
+// found the same way, else Debian's fortunes. `how` says which it is.
+absl::StatusOr<std::string> FindDefaultCorpus(bool gpu, std::string* how) {
   std::error_code error;
   // The binary itself, not a symlink to it: where tools/stage_gpu.sh put it.
   const fs::path binary = fs::read_symlink("/proc/self/exe", error);
   const bool know_binary = !error && binary.has_parent_path();
-  if (know_binary) {
+  auto find_above_binary = [&](const char* name) -> std::optional<fs::path> {
+    if (!know_binary) return std::nullopt;
     for (fs::path dir = binary.parent_path();; dir = dir.parent_path()) {
-      const fs::path candidate = dir / "data" / "fortunes";
-      if (fs::exists(candidate, error)) {
-        *how = "the default corpus, staged with the binary";
-        return candidate.string();
-      }
-      if (!dir.has_relative_path()) break;  // the root
+      const fs::path candidate = dir / "data" / name;
+      if (fs::is_directory(candidate, error)) return candidate;
+      if (!dir.has_relative_path()) return std::nullopt;  // the root
     }
+  };
+  std::string gpu_note;
+  if (gpu) {
+    if (auto found = find_above_binary("gpu_corpus")) {
+      *how =
+          "the GPU default corpus (fortunes, package docs and manual pages), "
+          "staged with the binary";
+      return found->string();
+    }
+    gpu_note =
+        "; no data/gpu_corpus next to the binary (tools/make_gpu_corpus.sh "
+        "makes one): a GPU-sized model will memorize this small corpus, so "
+        "expect the validation loss to turn up";
+  }
+  if (auto found = find_above_binary("fortunes")) {
+    *how = absl::StrCat("the default corpus, staged with the binary", gpu_note);
+    return found->string();
   }
   if (fs::exists(data::kDefaultCorpus, error)) {
-    *how = "the default corpus, Debian's fortunes";
+    *how = absl::StrCat("the default corpus, Debian's fortunes", gpu_note);
     return std::string(data::kDefaultCorpus);
   }
-  return absl::NotFoundError(
-      absl::StrCat("no default corpus: neither a data/fortunes folder in ",
-                   know_binary ? binary.parent_path().string()
-                               : std::string("the binary's folder"),
-                   " or a folder above it (tools/stage_gpu.sh stages one) nor ",
-                   data::kDefaultCorpus,
-                   " (Debian's fortunes-min or fortunes package) exists; pass "
-                   "--data=PATH"));
+  return absl::NotFoundError(absl::StrCat(
+      "no default corpus: neither a data/", gpu ? "gpu_corpus or data/" : "",
+      "fortunes folder in ",
+      know_binary ? binary.parent_path().string()
+                  : std::string("the binary's folder"),
+      " or a folder above it (tools/stage_gpu.sh stages both) nor ",
+      data::kDefaultCorpus,
+      " (Debian's fortunes-min or fortunes package) exists; pass "
+      "--data=PATH"));
 }
 
 std::string HumanSeconds(double seconds) {
@@ -526,7 +549,7 @@ absl::Status Run() {
   std::string data_note;
   if (data_path.empty()) {
     std::string how;
-    ASSIGN_OR_RETURN(data_path, FindDefaultCorpus(&how));
+    ASSIGN_OR_RETURN(data_path, FindDefaultCorpus(device.is_cuda(), &how));
     data_note = absl::StrCat(" (", how, ")");
   }
   std::vector<int32_t> tokens;

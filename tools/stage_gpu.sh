@@ -10,6 +10,10 @@
 #   gpu_stage/data/fortunes/          the default corpus of examples/train_lm (the files of
 #                                     Debian's /usr/share/games/fortunes, which the GPU machine
 #                                     lacks; train_lm looks for data/fortunes above its binary)
+#   gpu_stage/data/gpu_corpus/        train_lm's GPU default corpus, from tools/make_gpu_corpus.sh
+#                                     (fortunes, package docs and manual pages, about 55 MB),
+#                                     built once into GPU_CORPUS_CACHE (default
+#                                     ~/.cache/lossrt/gpu_corpus) and copied from there
 #   gpu_stage/run_gpu_tests.sh        runs every test next to it: gpu_stage/run_gpu_tests.sh
 #   gpu_stage/MANIFEST                label, file, libraries and glibc version of each binary
 #
@@ -53,6 +57,25 @@ stage_corpus() {
     return 1
   fi
   say "staged train_lm's default corpus, ${source}, in ${dest}/ ($(du -sh "${dest}" | cut -f1))"
+}
+
+# Copies the GPU default corpus of train_lm into ${STAGE}/data/gpu_corpus, building it into
+# the cache first when the cache is empty (a few minutes). A failure is a note: train_lm on
+# the GPU then falls back to the fortunes and says so.
+stage_gpu_corpus() {
+  local cache=${GPU_CORPUS_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/lossrt/gpu_corpus}
+  if [[ ! -f "${cache}/.complete" ]]; then
+    say "building the GPU corpus into ${cache} (once; tools/make_gpu_corpus.sh)"
+    rm -rf "${cache}"
+    if ! tools/make_gpu_corpus.sh "${cache}" || ! touch "${cache}/.complete"; then
+      say "note: building the GPU corpus failed: train_lm on the GPU will use the fortunes"
+      return 0
+    fi
+  fi
+  mkdir -p "${STAGE}/data" && cp -r "${cache}" "${STAGE}/data/gpu_corpus" &&
+    rm -f "${STAGE}/data/gpu_corpus/.complete" ||
+    { say "copying ${cache} to ${STAGE}/data/gpu_corpus failed"; return 1; }
+  say "staged train_lm's GPU corpus in ${STAGE}/data/gpu_corpus/ ($(du -sh "${STAGE}/data/gpu_corpus" | cut -f1))"
 }
 
 # Labels of one kind under some patterns; a pattern with no packages yields nothing.
@@ -109,6 +132,7 @@ main() {
   chmod 755 "${STAGE}/run_gpu_tests.sh"
   local corpus_rc=0
   stage_corpus || corpus_rc=1
+  stage_gpu_corpus || corpus_rc=1
   {
     echo "# Staged by tools/stage_gpu.sh at $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
     echo "# bazel build ${BUILD_FLAGS[*]}"
