@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "graph/ops/elementwise.h"
+#include "runtime/int_math.h"
 #include "runtime/safetensors.h"
 #include "runtime/status.h"
 
@@ -69,6 +70,13 @@ absl::Status FromHostBytes(const std::vector<uint8_t>& bytes,
                             tensor.shape, Device::Cpu()),
                  tensor, context));
   return context.Synchronize();
+}
+
+// Elements [begin, end) of the flat buffer `flat`, as [end - begin].
+Tensor FlatRange(const Tensor& flat, int64_t begin, int64_t end) {
+  return Tensor::Of(
+      static_cast<char*>(flat.data) + begin * DTypeSize(flat.dtype), flat.dtype,
+      {end - begin}, flat.device);
 }
 
 absl::Status Fail(const std::string& what, const std::error_code& error) {
@@ -150,16 +158,30 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "Trainer: the communicator's world_size must be >= 1, got ",
         world_size);
   }
+  if (options.communicator != nullptr &&
+      options.bucket_bytes <
+          DTypeSize(model.graph().parameter_buffers().grad.dtype)) {
+    return InvalidArgument(
+        "Trainer: bucket_bytes must hold at least one "
+        "gradient element, got ",
+        options.bucket_bytes);
+  }
   std::unique_ptr<Trainer> trainer(new Trainer(model, options));
   Graph& graph = model.graph();
   Context& context = graph.context();
   const ParameterBuffers& params = graph.parameter_buffers();
-  ASSIGN_OR_RETURN(
-      trainer->m_,
-      EmptyTensor(context.allocator(), params.master.dtype, {params.count}));
-  ASSIGN_OR_RETURN(
-      trainer->v_,
-      EmptyTensor(context.allocator(), params.master.dtype, {params.count}));
+  const bool sharded =
+      options.communicator != nullptr && options.shard_optimizer_state;
+  // ZeRO-1: every rank's moments have the padded shard's length; the tail
+  // past the parameters (last ranks) stays 0.
+  trainer->shard_elements_ =
+      sharded ? CeilDiv(params.count, int64_t{world_size}) : params.count;
+  ASSIGN_OR_RETURN(trainer->m_,
+                   EmptyTensor(context.allocator(), params.master.dtype,
+                               {trainer->shard_elements_}));
+  ASSIGN_OR_RETURN(trainer->v_,
+                   EmptyTensor(context.allocator(), params.master.dtype,
+                               {trainer->shard_elements_}));
   ASSIGN_OR_RETURN(trainer->norm_,
                    EmptyTensor(context.allocator(), DType::kF32, {}));
   ASSIGN_OR_RETURN(
@@ -176,12 +198,203 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // gradient of the global-batch mean loss.
   RETURN_IF_ERROR(graph.SetLossScale(
       1.0f / static_cast<float>(options.micro_batches * world_size)));
+  if (options.communicator != nullptr) {
+    RETURN_IF_ERROR(trainer->SetUpDataParallel());
+  }
   return trainer;
+}
+
+Context& Trainer::comm_context() {
+  return comm_context_ != nullptr ? *comm_context_ : model_.graph().context();
+}
+
+int64_t Trainer::shard_begin() const {
+  if (!options_.shard_optimizer_state || options_.communicator == nullptr) {
+    return 0;
+  }
+  const int64_t count = model_.graph().parameter_buffers().count;
+  return std::min(count, options_.communicator->rank() * shard_elements_);
+}
+
+int64_t Trainer::shard_end() const {
+  const int64_t count = model_.graph().parameter_buffers().count;
+  if (!options_.shard_optimizer_state || options_.communicator == nullptr) {
+    return count;
+  }
+  return std::min(count, (options_.communicator->rank() + 1) * shard_elements_);
+}
+
+absl::Status Trainer::SetUpDataParallel() {
+  Graph& graph = model_.graph();
+  Context& context = graph.context();
+  const ParameterBuffers& params = graph.parameter_buffers();
+  const int world_size = options_.communicator->world_size();
+  Allocator& allocator = context.allocator();
+  if (options_.shard_optimizer_state) {
+    // ZeRO-1 runs its collectives on the model's stream: nothing overlaps
+    // them (they follow the whole backward), so no second stream is needed.
+    const int64_t n = shard_elements_;
+    if (params.count % world_size != 0) {
+      ASSIGN_OR_RETURN(padded_grads_, EmptyTensor(allocator, params.grad.dtype,
+                                                  {world_size * n}));
+      RETURN_IF_ERROR(ops::Zero(context, padded_grads_.view));
+    }
+    ASSIGN_OR_RETURN(grad_shard_,
+                     EmptyTensor(allocator, params.grad.dtype, {n}));
+    ASSIGN_OR_RETURN(weight_shard_,
+                     EmptyTensor(allocator, params.master.dtype, {n}));
+    RETURN_IF_ERROR(ops::Zero(context, weight_shard_.view));
+    ASSIGN_OR_RETURN(gathered_, EmptyTensor(allocator, params.master.dtype,
+                                            {world_size * n}));
+    ASSIGN_OR_RETURN(sum_squares_, EmptyTensor(allocator, DType::kF64, {}));
+    return context.Synchronize();
+  }
+  if (context.device().is_cuda()) {
+    // The communication stream, created now (Context creates it on first
+    // use) so that no step creates anything.
+    ASSIGN_OR_RETURN(comm_context_, Context::Create(context.device()));
+    RETURN_IF_ERROR(comm_context_->stream().status());
+  }
+  ASSIGN_OR_RETURN(grads_ready_, StreamEvent::Create(context.device()));
+  ASSIGN_OR_RETURN(comm_done_, StreamEvent::Create(context.device()));
+  const int64_t bucket_elements = std::max<int64_t>(
+      1, options_.bucket_bytes / DTypeSize(params.grad.dtype));
+  const int node_count = static_cast<int>(graph.nodes().size());
+  for (int64_t begin = 0; begin < params.count; begin += bucket_elements) {
+    // No parameter yet: a bucket of padding only could go at once.
+    buckets_.push_back(
+        {begin, std::min(params.count, begin + bucket_elements), node_count});
+  }
+  // A parameter's gradient is complete once the backward, which runs the
+  // nodes in reverse, has run the first node that uses it.
+  for (const Value& parameter : graph.parameters()) {
+    const ValueInfo& info = graph.info(parameter);
+    const int ready =
+        info.consumers.empty()
+            ? -1
+            : *std::min_element(info.consumers.begin(), info.consumers.end());
+    const int64_t begin = info.param_offset;
+    const int64_t end = begin + info.numel();
+    for (int64_t b = begin / bucket_elements;
+         b < static_cast<int64_t>(buckets_.size()) && buckets_[b].begin < end;
+         ++b) {
+      buckets_[b].ready_node = std::min(buckets_[b].ready_node, ready);
+    }
+  }
+  // The launch order: as the backward finishes them, ties in buffer order.
+  // Every rank computes the same order from the same graph, so the ranks'
+  // collectives match.
+  std::stable_sort(buckets_.begin(), buckets_.end(),
+                   [](const Bucket& a, const Bucket& b) {
+                     return a.ready_node > b.ready_node;
+                   });
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LaunchReadyBuckets(int node) {
+  const Tensor grad = model_.graph().parameter_buffers().grad;
+  Context& comm = comm_context();
+  bool ordered = false;
+  while (next_bucket_ < buckets_.size() &&
+         (node < 0 || buckets_[next_bucket_].ready_node >= node)) {
+    if (!ordered) {
+      // The communication stream waits for the backward's kernels so far.
+      RETURN_IF_ERROR(grads_ready_->Record(model_.graph().context()));
+      RETURN_IF_ERROR(grads_ready_->Wait(comm));
+      ordered = true;
+    }
+    const Bucket& bucket = buckets_[next_bucket_];
+    const Tensor view = FlatRange(grad, bucket.begin, bucket.end);
+    RETURN_IF_ERROR(
+        options_.communicator->AllReduce(view, view, ReduceOp::kSum, comm));
+    ++next_bucket_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ReduceGradients() {
+  Communicator* const comm = options_.communicator;
+  Graph& graph = model_.graph();
+  Context& context = graph.context();
+  const ParameterBuffers& params = graph.parameter_buffers();
+  // The gradients are already scaled by 1 / world_size (the loss scale), so
+  // their sum is the global-batch mean's gradient, the same bits on every
+  // rank; [micro_batches]: each rank's mean losses, summed over the ranks.
+  if (!options_.shard_optimizer_state) {
+    // The buckets the backward left (all of them after a CUDA graph), then
+    // the losses, written after the backward.
+    RETURN_IF_ERROR(grads_ready_->Record(context));
+    RETURN_IF_ERROR(grads_ready_->Wait(comm_context()));
+    RETURN_IF_ERROR(LaunchReadyBuckets(-1));
+    RETURN_IF_ERROR(comm->AllReduce(losses_.view, losses_.view, ReduceOp::kSum,
+                                    comm_context()));
+    // The optimizer waits for the communication stream.
+    RETURN_IF_ERROR(comm_done_->Record(comm_context()));
+    return comm_done_->Wait(context);
+  }
+  Tensor grads = params.grad;
+  if (padded_grads_.view.data != nullptr) {
+    // [world_size * n]: the gradients, then zeros.
+    RETURN_IF_ERROR(CopyTensor(
+        params.grad, FlatRange(padded_grads_.view, 0, params.count), context));
+    grads = padded_grads_.view;
+  }
+  RETURN_IF_ERROR(
+      comm->ReduceScatter(grads, grad_shard_.view, ReduceOp::kSum, context));
+  RETURN_IF_ERROR(
+      comm->AllReduce(losses_.view, losses_.view, ReduceOp::kSum, context));
+  // The global norm's square: the sum over the shards of theirs.
+  RETURN_IF_ERROR(optim::GradientSumOfSquares(
+      context, FlatRange(grad_shard_.view, 0, shard_end() - shard_begin()),
+      sum_squares_.view));
+  return comm->AllReduce(sum_squares_.view, sum_squares_.view, ReduceOp::kSum,
+                         context);
+}
+
+absl::Status Trainer::UpdateParameters(float lr, int64_t step) {
+  Graph& graph = model_.graph();
+  Context& context = graph.context();
+  const ParameterBuffers& params = graph.parameter_buffers();
+  optim::AdamWState state;
+  if (options_.communicator == nullptr || !options_.shard_optimizer_state) {
+    state.params = params.master;
+    state.grads = params.grad;
+    state.m = m_.view;
+    state.v = v_.view;
+    if (params.compute.data != params.master.data) {
+      state.compute_copy = params.compute;
+    }
+    state.decay_count = params.decay_count;
+    return optim::AdamWStep(context, state, options_.adamw, lr, step,
+                            norm_.view);
+  }
+  // ZeRO-1: this rank's shard [begin, end) of the flat parameters.
+  const int64_t begin = shard_begin(), end = shard_end();
+  const int64_t length = end - begin;
+  state.params = FlatRange(params.master, begin, end);
+  state.grads = FlatRange(grad_shard_.view, 0, length);
+  state.m = FlatRange(m_.view, 0, length);
+  state.v = FlatRange(v_.view, 0, length);
+  state.decay_count =
+      std::clamp<int64_t>(params.decay_count - begin, 0, length);
+  RETURN_IF_ERROR(optim::AdamWStepWithSumOfSquares(
+      context, state, options_.adamw, lr, step, sum_squares_.view, norm_.view));
+  // Every rank's updated shard to every rank; the padding past the
+  // parameters stays 0 (weight_shard_'s tail is never written).
+  if (length > 0) {
+    RETURN_IF_ERROR(CopyTensor(
+        state.params, FlatRange(weight_shard_.view, 0, length), context));
+  }
+  RETURN_IF_ERROR(options_.communicator->AllGather(weight_shard_.view,
+                                                   gathered_.view, context));
+  RETURN_IF_ERROR(CopyTensor(FlatRange(gathered_.view, 0, params.count),
+                             params.master, context));
+  return graph.SyncComputeCopy();
 }
 
 absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
                                     absl::Span<const int32_t> targets,
-                                    int64_t index) {
+                                    int64_t index, bool last) {
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.SetInput(model_.ids(), ids));
   RETURN_IF_ERROR(graph.SetInput(model_.targets(), targets));
@@ -189,7 +402,16 @@ absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
   // allocator's cache that the captured graph then reuses.
   const bool use_graph =
       options_.cuda_graph && !cuda_graph_failed_ && step_ >= 1;
+  // The last micro-batch's backward launches the buckets as it finishes
+  // them (not inside a CUDA graph, whose replay calls no observer).
+  const bool overlap = last && !use_graph && !buckets_.empty();
+  if (overlap) {
+    graph.set_node_observer([this](int node, bool backward, bool begin) {
+      return backward && !begin ? LaunchReadyBuckets(node) : absl::OkStatus();
+    });
+  }
   absl::Status status = graph.ForwardBackward(use_graph);
+  if (overlap) graph.set_node_observer(nullptr);
   if (!status.ok() && use_graph && !graph.has_cuda_graph()) {
     std::fprintf(stderr,
                  "trainer: capturing a CUDA graph failed (%s); running the "
@@ -249,40 +471,18 @@ absl::StatusOr<Trainer::StepStats> Trainer::StepLocal(
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.ZeroGradients());
   StepStats stats;
+  next_bucket_ = 0;
   for (int64_t k = 0; k < micro; ++k) {
     RETURN_IF_ERROR(RunMicroBatch(ids.subspan(k * rows, rows),
-                                  targets.subspan(k * rows, rows), k));
+                                  targets.subspan(k * rows, rows), k,
+                                  /*last=*/k + 1 == micro));
   }
-  Context& context = graph.context();
-  const ParameterBuffers& params = graph.parameter_buffers();
   Communicator* const comm = options_.communicator;
   const int world_size = comm != nullptr ? comm->world_size() : 1;
-  if (comm != nullptr) {
-    // The first step of data parallelism: one all-reduce over the whole flat
-    // gradient buffer once the backward pass is done. Buckets that start
-    // all-reducing while the backward pass goes on are left for later. The
-    // gradients are already scaled by 1 / world_size (the loss scale), so the
-    // sum is the global-batch mean's gradient, the same bits on every rank;
-    // clipping and AdamW then see the global gradient.
-    RETURN_IF_ERROR(
-        comm->AllReduce(params.grad, params.grad, ReduceOp::kSum, context));
-    // [micro_batches]: each rank's mean losses, summed over the ranks.
-    RETURN_IF_ERROR(
-        comm->AllReduce(losses_.view, losses_.view, ReduceOp::kSum, context));
-  }
+  if (comm != nullptr) RETURN_IF_ERROR(ReduceGradients());
   const int64_t step = step_ + 1;
   stats.lr = optim::LearningRate(options_.schedule, step);
-  optim::AdamWState state;
-  state.params = params.master;
-  state.grads = params.grad;
-  state.m = m_.view;
-  state.v = v_.view;
-  if (params.compute.data != params.master.data) {
-    state.compute_copy = params.compute;
-  }
-  state.decay_count = params.decay_count;
-  RETURN_IF_ERROR(optim::AdamWStep(graph.context(), state, options_.adamw,
-                                   stats.lr, step, norm_.view));
+  RETURN_IF_ERROR(UpdateParameters(stats.lr, step));
   // The step's only waits: the losses and the norm, read after the update.
   std::vector<float> losses(micro);
   RETURN_IF_ERROR(
@@ -316,16 +516,31 @@ absl::StatusOr<std::string> Trainer::Save(
   Graph& graph = model_.graph();
   Context& context = graph.context();
   const ParameterBuffers& params = graph.parameter_buffers();
-  ASSIGN_OR_RETURN(std::vector<uint8_t> master,
-                   ToHostBytes(params.master, context));
-  ASSIGN_OR_RETURN(std::vector<uint8_t> m, ToHostBytes(m_.view, context));
-  ASSIGN_OR_RETURN(std::vector<uint8_t> v, ToHostBytes(v_.view, context));
-  const int64_t element = DTypeSize(params.master.dtype);
-
+  Communicator* const comm = options_.communicator;
   const std::string name = CheckpointName(step_);
   const fs::path root(dir);
   const fs::path final_path = root / name;
   const fs::path temp_path = root / (name + kTempSuffix);
+  std::vector<uint8_t> m, v;
+  if (comm != nullptr && options_.shard_optimizer_state) {
+    // Every rank's shard of the moments, gathered (every rank takes part).
+    for (std::vector<uint8_t>* moment : {&m, &v}) {
+      const Tensor shard = moment == &m ? m_.view : v_.view;
+      RETURN_IF_ERROR(comm->AllGather(shard, gathered_.view, context));
+      ASSIGN_OR_RETURN(
+          *moment,
+          ToHostBytes(FlatRange(gathered_.view, 0, params.count), context));
+    }
+  }
+  // Rank 0 alone writes.
+  if (comm != nullptr && comm->rank() != 0) return final_path.string();
+  if (m.empty()) {
+    ASSIGN_OR_RETURN(m, ToHostBytes(m_.view, context));
+    ASSIGN_OR_RETURN(v, ToHostBytes(v_.view, context));
+  }
+  ASSIGN_OR_RETURN(std::vector<uint8_t> master,
+                   ToHostBytes(params.master, context));
+  const int64_t element = DTypeSize(params.master.dtype);
   std::error_code error;
   fs::create_directories(root, error);
   if (error) return Fail(absl::StrCat("creating ", dir), error);
@@ -492,8 +707,15 @@ absl::StatusOr<std::map<std::string, std::string>> Trainer::Load(
         absl::StrCat("checkpoint ", folder, " has no valid step"));
   }
   RETURN_IF_ERROR(FromHostBytes(master, params.master, context));
-  RETURN_IF_ERROR(FromHostBytes(moments[0], m_.view, context));
-  RETURN_IF_ERROR(FromHostBytes(moments[1], v_.view, context));
+  // This rank's part of the moments (all of them unless ZeRO-1); a shard's
+  // padding stays 0.
+  const int64_t begin = shard_begin(), end = shard_end();
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<uint8_t> part(moments[i].begin() + begin * element,
+                                    moments[i].begin() + end * element);
+    RETURN_IF_ERROR(FromHostBytes(
+        part, FlatRange(i == 0 ? m_.view : v_.view, 0, end - begin), context));
+  }
   RETURN_IF_ERROR(graph.SyncComputeCopy());
   step_ = step;
   extra.erase(kStepKey);

@@ -18,6 +18,29 @@
 // folder and a rename, then points <dir>/latest at it (written atomically), so
 // a crash never leaves a checkpoint half written. PruneCheckpoints removes the
 // older step-<N> folders and the temporary folders a crashed Save left behind.
+//
+// Data parallel (TrainerOptions::communicator): every rank runs its own
+// trainer on its rows of each global batch, and the gradients are summed over
+// the ranks before the optimizer, so the ranks keep the same weights. The
+// flat gradient buffer is all-reduced in buckets of bucket_bytes: during the
+// last micro-batch's backward, a bucket goes as soon as the backward has
+// passed every node that adds to its gradients, so the all-reduce of late
+// layers overlaps the backward of earlier ones. On a GPU the all-reduces run
+// on a communication stream that the trainer owns, ordered after the
+// backward's kernels and before the optimizer by events (created with the
+// trainer, never in a step); on the CPU the same calls run one after another.
+// A replayed CUDA graph (cuda_graph) runs the backward as one launch, so its
+// buckets all go after it. The buckets give the same bits as one all-reduce
+// of the whole buffer (a sum per element, in rank order). Clipping uses the
+// norm of the summed gradient and the reported loss is the global batch's.
+//
+// With shard_optimizer_state (ZeRO-1) each rank keeps the AdamW moments of
+// 1 / world_size of the flat parameters only: the gradients are
+// reduce-scattered after the backward (one collective; the buffer padded to a
+// multiple of world_size), each rank updates its shard of the master weights
+// (clipped with the global norm, from an all-reduce of the shards' sums of
+// squares) and the weights are all-gathered. Checkpoints hold the whole
+// moments either way, so a run resumes with any number of ranks.
 #ifndef LOSSRT_GRAPH_TRAINER_H_
 #define LOSSRT_GRAPH_TRAINER_H_
 
@@ -35,6 +58,7 @@
 #include "graph/optim/lr_schedule.h"
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
+#include "runtime/stream_event.h"
 
 namespace lossrt {
 namespace graph {
@@ -51,6 +75,12 @@ struct TrainerOptions {
   // file); null trains on one device. Caller-owned: it must outlive the
   // trainer and its collectives must run on the model's context's device.
   Communicator* communicator = nullptr;
+  // Data parallel: the bytes of gradient per all-reduce (at least one
+  // element; a bucket may split a parameter). The last bucket may be smaller.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // Data parallel: shard the AdamW moments over the ranks (ZeRO-1; see the top
+  // of this file). Ignored without a communicator.
+  bool shard_optimizer_state = false;
 };
 
 // Data parallelism's split of one micro-batch: rank `rank` of `world_size`
@@ -91,11 +121,16 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
   // Writes <dir>/step-<step>/ and updates <dir>/latest; returns the folder.
+  // Data parallel: every rank calls Save (with shard_optimizer_state the
+  // moments are all-gathered, a collective); rank 0 alone writes, the others
+  // return the folder rank 0 writes.
   absl::StatusOr<std::string> Save(
       const std::string& dir, const std::map<std::string, std::string>& extra);
   // Loads a checkpoint folder (or <dir>/latest when `path` is a checkpoint
   // root) into the model and the optimizer; returns the extra state saved with
-  // it. The model's config must match the checkpoint's.
+  // it. The model's config must match the checkpoint's. Data parallel: every
+  // rank loads the same checkpoint (written with any number of ranks); with
+  // shard_optimizer_state each keeps its shard of the moments.
   absl::StatusOr<std::map<std::string, std::string>> Load(
       const std::string& path);
 
@@ -106,16 +141,57 @@ class Trainer {
   absl::StatusOr<StepStats> StepLocal(absl::Span<const int32_t> ids,
                                       absl::Span<const int32_t> targets);
   // Forward and backward of micro-batch `index`; its loss goes to
-  // losses_[index].
+  // losses_[index]. `last`: data parallel, the buckets all-reduce as the
+  // backward finishes them.
   absl::Status RunMicroBatch(absl::Span<const int32_t> ids,
-                             absl::Span<const int32_t> targets, int64_t index);
+                             absl::Span<const int32_t> targets, int64_t index,
+                             bool last);
+  // Data parallel: sets up the buckets, the communication context and the
+  // events (or the ZeRO-1 shard's buffers).
+  absl::Status SetUpDataParallel();
+  // Launches every bucket not yet launched whose gradients the backward has
+  // finished once node `node` has run backward (node -1: all of them).
+  absl::Status LaunchReadyBuckets(int node);
+  // The data-parallel part of a step after the backward: the gradients summed
+  // (all-reduced or, ZeRO-1, reduce-scattered) and the losses summed.
+  absl::Status ReduceGradients();
+  // The optimizer step at `step` with learning rate `lr`.
+  absl::Status UpdateParameters(float lr, int64_t step);
+  // The context the collectives run on: the trainer's own on a GPU (its own
+  // stream), the model's on the CPU.
+  Context& comm_context();
+  // The element range [begin, end) of the flat parameters this rank updates
+  // (ZeRO-1; everything otherwise).
+  int64_t shard_begin() const;
+  int64_t shard_end() const;
+
+  // A contiguous range [begin, end) of the flat gradients all-reduced at once,
+  // once the backward has run node `ready_node` (the first node that uses any
+  // of its parameters; -1: after the whole backward).
+  struct Bucket {
+    int64_t begin = 0, end = 0;
+    int ready_node = -1;
+  };
 
   Gpt& model_;
   TrainerOptions options_;
   int64_t step_ = 0;
   bool cuda_graph_failed_ = false;
+  // [shard_end - shard_begin] moments (all parameters unless ZeRO-1).
   OwnedTensor m_, v_, norm_;
   OwnedTensor losses_;  // [micro_batches] f32 on the device
+  // Data parallel: the buckets in launch order and the next to launch.
+  std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;
+  std::unique_ptr<Context> comm_context_;  // GPU only
+  std::unique_ptr<StreamEvent> grads_ready_, comm_done_;
+  // ZeRO-1: the shard length n = ceil(count / world_size); padded gradients
+  // [world_size * n] (when count % world_size != 0), the reduced gradient
+  // shard [n], this rank's updated weights [n] and all ranks' [world_size *
+  // n]; the shard's sum of squares [] f64.
+  int64_t shard_elements_ = 0;
+  OwnedTensor padded_grads_, grad_shard_, weight_shard_, gathered_;
+  OwnedTensor sum_squares_;
 };
 
 // The checkpoint folder <dir>/latest points at, if any (NotFound otherwise).

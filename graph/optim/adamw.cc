@@ -288,6 +288,57 @@ void StepCpu(const AdamWState& state, const StepConstants& constants,
   }
 }
 
+#ifdef LOSSRT_WITH_CUDA
+// The fused update kernel of AdamWStep, reading the clip scale's norm from
+// device memory.
+absl::Status LaunchUpdate(const AdamWState& state,
+                          const StepConstants& constants, const Tensor& norm,
+                          cudaStream_t stream) {
+  const int64_t n = state.params.dim(0);
+  AdamWKernelArgs args;
+  args.params = state.params.data_as<float>();
+  args.grads = state.grads.data_as<const float>();
+  args.m = state.m.data_as<float>();
+  args.v = state.v.data_as<float>();
+  if (state.compute_copy.has_value()) {
+    args.compute_copy = state.compute_copy->data;
+    args.copy_dtype = state.compute_copy->dtype;
+  }
+  args.norm = norm.data_as<const float>();
+  args.n = n;
+  args.decay_count = state.decay_count;
+  args.max_grad_norm = static_cast<float>(constants.max_grad_norm);
+  args.beta1 = static_cast<float>(constants.beta1);
+  args.beta2 = static_cast<float>(constants.beta2);
+  args.one_minus_beta1 = static_cast<float>(constants.one_minus_beta1);
+  args.one_minus_beta2 = static_cast<float>(constants.one_minus_beta2);
+  args.step_size = static_cast<float>(constants.step_size);
+  args.inv_sqrt_bias2 = static_cast<float>(constants.inv_sqrt_bias2);
+  args.eps = static_cast<float>(constants.eps);
+  args.decay_factor = static_cast<float>(constants.decay_factor);
+  CUDA_RETURN_IF_ERROR(LaunchAdamW(args, stream));
+  return absl::OkStatus();
+}
+#endif
+
+// sum_squares: [] or [1] f64 on the context's device.
+absl::Status CheckSumOfSquares(const Context& context,
+                               const Tensor& sum_squares) {
+  if (sum_squares.rank() > 1 || sum_squares.numel() != 1) {
+    return InvalidArgument("sum_squares: expected a scalar ([] or [1]), got ",
+                           sum_squares.ShapeString());
+  }
+  RETURN_IF_ERROR(CheckDType(sum_squares, {DType::kF64}, "sum_squares"));
+  if (sum_squares.device != context.device()) {
+    return InvalidArgument("sum_squares is on ", sum_squares.device.ToString(),
+                           ", the context on ", context.device().ToString());
+  }
+  if (sum_squares.data == nullptr) {
+    return InvalidArgument("sum_squares has no data");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t AdamWWorkspaceBytes(const Device& device, int64_t n) {
@@ -346,32 +397,85 @@ absl::Status AdamWStep(Context& context, const AdamWState& state,
   CUDA_RETURN_IF_ERROR(LaunchGradNorm(
       state.grads.data_as<const float>(), n, static_cast<double*>(workspace),
       static_cast<int>(NormPartials(n)), norm.data_as<float>(), stream));
-  AdamWKernelArgs args;
-  args.params = state.params.data_as<float>();
-  args.grads = state.grads.data_as<const float>();
-  args.m = state.m.data_as<float>();
-  args.v = state.v.data_as<float>();
-  if (state.compute_copy.has_value()) {
-    args.compute_copy = state.compute_copy->data;
-    args.copy_dtype = state.compute_copy->dtype;
-  }
-  args.norm = norm.data_as<const float>();
-  args.n = n;
-  args.decay_count = state.decay_count;
-  args.max_grad_norm = static_cast<float>(constants.max_grad_norm);
-  args.beta1 = static_cast<float>(constants.beta1);
-  args.beta2 = static_cast<float>(constants.beta2);
-  args.one_minus_beta1 = static_cast<float>(constants.one_minus_beta1);
-  args.one_minus_beta2 = static_cast<float>(constants.one_minus_beta2);
-  args.step_size = static_cast<float>(constants.step_size);
-  args.inv_sqrt_bias2 = static_cast<float>(constants.inv_sqrt_bias2);
-  args.eps = static_cast<float>(constants.eps);
-  args.decay_factor = static_cast<float>(constants.decay_factor);
-  CUDA_RETURN_IF_ERROR(LaunchAdamW(args, stream));
-  return absl::OkStatus();
+  return LaunchUpdate(state, constants, norm, stream);
 #else
   return absl::UnavailableError(
       "AdamWStep on a CUDA device: built without CUDA");
+#endif
+}
+
+absl::Status GradientSumOfSquares(Context& context, const Tensor& grads,
+                                  const Tensor& sum_squares) {
+  ASSIGN_OR_RETURN(const int64_t n, CheckGrads(context, grads));
+  RETURN_IF_ERROR(CheckSumOfSquares(context, sum_squares));
+  RETURN_IF_ERROR(
+      CheckNoOverlaps({{&grads, "grads"}, {&sum_squares, "sum_squares"}}));
+  if (context.device().is_cpu()) {
+    *sum_squares.data_as<double>() =
+        grads.dtype == DType::kF64
+            ? SumSquaresCpu(grads.data_as<const double>(), n)
+            : SumSquaresCpu(grads.data_as<const float>(), n);
+    return absl::OkStatus();
+  }
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  ASSIGN_OR_RETURN(void* workspace,
+                   context.Workspace(AdamWWorkspaceBytes(context.device(), n)));
+  CUDA_RETURN_IF_ERROR(LaunchGradSumOfSquares(
+      grads.data_as<const float>(), n, static_cast<double*>(workspace),
+      static_cast<int>(NormPartials(n)), sum_squares.data_as<double>(),
+      stream));
+  return absl::OkStatus();
+#else
+  return absl::UnavailableError(
+      "GradientSumOfSquares on a CUDA device: built without CUDA");
+#endif
+}
+
+absl::Status AdamWStepWithSumOfSquares(Context& context,
+                                       const AdamWState& state,
+                                       const AdamWOptions& options, float lr,
+                                       int64_t step, const Tensor& sum_squares,
+                                       const Tensor& norm) {
+  RETURN_IF_ERROR(CheckOptions(options, lr, step));
+  RETURN_IF_ERROR(CheckState(context, state, norm));
+  RETURN_IF_ERROR(CheckSumOfSquares(context, sum_squares));
+  const Tensor* copy =
+      state.compute_copy.has_value() ? &*state.compute_copy : nullptr;
+  RETURN_IF_ERROR(CheckNoOverlaps({{&state.params, "params"},
+                                   {&state.grads, "grads"},
+                                   {&state.m, "m"},
+                                   {&state.v, "v"},
+                                   {copy, "compute_copy"},
+                                   {&norm, "norm"},
+                                   {&sum_squares, "sum_squares"}}));
+  const StepConstants constants = MakeConstants(options, lr, step);
+  if (context.device().is_cpu()) {
+    const double value = std::sqrt(*sum_squares.data_as<const double>());
+    if (norm.dtype == DType::kF64) {
+      *norm.data_as<double>() = value;
+    } else {
+      *norm.data_as<float>() = static_cast<float>(value);
+    }
+    if (state.params.dtype == DType::kF64) {
+      StepCpu<double>(state, constants, norm);
+    } else {
+      StepCpu<float>(state, constants, norm);
+    }
+    return absl::OkStatus();
+  }
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  CUDA_RETURN_IF_ERROR(LaunchNormFromSumOfSquares(
+      sum_squares.data_as<const double>(), norm.data_as<float>(), stream));
+  return LaunchUpdate(state, constants, norm, stream);
+#else
+  return absl::UnavailableError(
+      "AdamWStepWithSumOfSquares on a CUDA device: built without CUDA");
 #endif
 }
 

@@ -92,6 +92,28 @@ int64_t AdamWWorkspaceBytes(const Device& device, int64_t n);
 absl::Status GradientNorm(Context& context, const Tensor& grads,
                           const Tensor& norm);
 
+// The sum of the squares of all elements of `grads` (any shape, contiguous)
+// into `sum_squares` ([] or [1] f64), accumulated in double as the norm of
+// AdamWStep and GradientNorm is before their square root: one shard's part of
+// the squared norm of a gradient split over ranks (sum the parts over the
+// ranks, e.g. with an all-reduce, and pass the total to
+// AdamWStepWithSumOfSquares).
+absl::Status GradientSumOfSquares(Context& context, const Tensor& grads,
+                                  const Tensor& sum_squares);
+
+// AdamWStep on one shard of the parameters (ZeRO-1: each rank updates its
+// part with its part of the moments) whose clipping uses the norm of the whole
+// gradient, given as its sum of squares `sum_squares` ([] or [1] f64 on the
+// context's device, e.g. the sum of every shard's GradientSumOfSquares):
+// writes norm = sqrt(sum_squares) (as AdamWStep writes it), then updates
+// params, m, v and the compute copy of the shard as AdamWStep does. The shard
+// may be empty (n = 0): then only the norm is written.
+absl::Status AdamWStepWithSumOfSquares(Context& context,
+                                       const AdamWState& state,
+                                       const AdamWOptions& options, float lr,
+                                       int64_t step, const Tensor& sum_squares,
+                                       const Tensor& norm);
+
 }  // namespace optim
 }  // namespace lossrt
 

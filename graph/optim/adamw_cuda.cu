@@ -81,15 +81,29 @@ __global__ void __launch_bounds__(kNormThreads)
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
+// One block sums the partials; writes the norm (f32, the square root) or,
+// with `sum_squares` non-null, the sum itself in double instead.
 __global__ void __launch_bounds__(kFinishThreads)
     GradNormFinishKernel(const double* __restrict__ partials, int num_partials,
-                         float* __restrict__ norm) {
+                         float* __restrict__ norm,
+                         double* __restrict__ sum_squares) {
   __shared__ double scratch[32];
   double sum = 0.0;
   for (int i = threadIdx.x; i < num_partials; i += blockDim.x)
     sum += partials[i];
   sum = BlockSum(sum, scratch);
-  if (threadIdx.x == 0) norm[0] = static_cast<float>(sqrt(sum));
+  if (threadIdx.x == 0) {
+    if (sum_squares != nullptr) {
+      sum_squares[0] = sum;
+    } else {
+      norm[0] = static_cast<float>(sqrt(sum));
+    }
+  }
+}
+
+__global__ void NormFromSumOfSquaresKernel(const double* __restrict__ sum,
+                                           float* __restrict__ norm) {
+  norm[0] = static_cast<float>(sqrt(sum[0]));
 }
 
 // min(1, max_norm / (norm + 1e-6)), or 1 without clipping. fminf returns 1 for
@@ -207,7 +221,27 @@ cudaError_t LaunchGradNorm(const float* grads, int64_t n, double* partials,
     if (error != cudaSuccess) return error;
   }
   GradNormFinishKernel<<<1, kFinishThreads, 0, stream>>>(partials, num_partials,
-                                                         norm);
+                                                         norm, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGradSumOfSquares(const float* grads, int64_t n,
+                                   double* partials, int num_partials,
+                                   double* sum_squares, cudaStream_t stream) {
+  if (num_partials > 0) {
+    GradNormPartialsKernel<<<num_partials, kNormThreads, 0, stream>>>(
+        grads, n, Aligned(grads, 16), partials);
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) return error;
+  }
+  GradNormFinishKernel<<<1, kFinishThreads, 0, stream>>>(partials, num_partials,
+                                                         nullptr, sum_squares);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNormFromSumOfSquares(const double* sum_squares, float* norm,
+                                       cudaStream_t stream) {
+  NormFromSumOfSquaresKernel<<<1, 1, 0, stream>>>(sum_squares, norm);
   return cudaGetLastError();
 }
 

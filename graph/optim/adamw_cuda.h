@@ -21,6 +21,16 @@ namespace optim {
 cudaError_t LaunchGradNorm(const float* grads, int64_t n, double* partials,
                            int num_partials, float* norm, cudaStream_t stream);
 
+// The same first and second stages, writing the sum of the squares in double
+// to sum_squares[0] (device memory) instead of its square root.
+cudaError_t LaunchGradSumOfSquares(const float* grads, int64_t n,
+                                   double* partials, int num_partials,
+                                   double* sum_squares, cudaStream_t stream);
+
+// norm[0] = sqrt(sum_squares[0]) as f32 (one thread).
+cudaError_t LaunchNormFromSumOfSquares(const double* sum_squares, float* norm,
+                                       cudaStream_t stream);
+
 // Arguments of the fused update; the constants are computed on the host in
 // double and rounded to float once (the CPU backend uses the same values).
 struct AdamWKernelArgs {
