@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/rank_order_reduce.h"
 #include "runtime/status.h"
 
 namespace lossrt {
@@ -46,74 +47,6 @@ std::string Describe(const Call& call) {
   return text;
 }
 
-// Sums that wrap for the integers (signed overflow is undefined) and max that
-// keeps a NaN once one is seen.
-inline float Add(float a, float b) { return a + b; }
-inline double Add(double a, double b) { return a + b; }
-inline int32_t Add(int32_t a, int32_t b) {
-  return static_cast<int32_t>(static_cast<uint32_t>(a) +
-                              static_cast<uint32_t>(b));
-}
-inline int64_t Add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) +
-                              static_cast<uint64_t>(b));
-}
-template <typename T>
-inline T Max(T acc, T x) {
-  // x != x: x is NaN.
-  return (x > acc || x != x) ? x : acc;  // NOLINT
-}
-
-struct Bf16 {
-  static float Load(uint16_t bits) { return Bf16BitsToFloat(bits); }
-  static uint16_t Store(float value) { return FloatToBf16Bits(value); }
-};
-struct F16 {
-  static float Load(uint16_t bits) { return F16BitsToFloat(bits); }
-  static uint16_t Store(float value) { return FloatToF16Bits(value); }
-};
-template <typename T>
-struct Same {
-  static T Load(T value) { return value; }
-  static T Store(T value) { return value; }
-};
-
-// out[i] = op over r of ins[r][i], in rank order, for i < n.
-// [world][n] ins -> [n] out.
-template <typename T, typename Acc, typename Convert>
-void Reduce(ReduceOp op, const std::vector<Call>& calls, int64_t offset,
-            int64_t n, void* out) {
-  T* result = static_cast<T*>(out);
-  const int world = static_cast<int>(calls.size());
-  for (int64_t i = 0; i < n; ++i) {
-    Acc acc = Convert::Load(static_cast<const T*>(calls[0].in)[offset + i]);
-    for (int r = 1; r < world; ++r) {
-      const Acc x =
-          Convert::Load(static_cast<const T*>(calls[r].in)[offset + i]);
-      acc = op == ReduceOp::kSum ? Add(acc, x) : Max(acc, x);
-    }
-    result[i] = Convert::Store(acc);
-  }
-}
-
-void ReduceAny(DType dtype, ReduceOp op, const std::vector<Call>& calls,
-               int64_t n, void* out) {
-  switch (dtype) {
-    case DType::kF32:
-      return Reduce<float, float, Same<float>>(op, calls, 0, n, out);
-    case DType::kF64:
-      return Reduce<double, double, Same<double>>(op, calls, 0, n, out);
-    case DType::kI32:
-      return Reduce<int32_t, int32_t, Same<int32_t>>(op, calls, 0, n, out);
-    case DType::kI64:
-      return Reduce<int64_t, int64_t, Same<int64_t>>(op, calls, 0, n, out);
-    case DType::kBF16:
-      return Reduce<uint16_t, float, Bf16>(op, calls, 0, n, out);
-    case DType::kF16:
-      return Reduce<uint16_t, float, F16>(op, calls, 0, n, out);
-  }
-}
-
 // The state shared by the communicators of one group.
 class Rendezvous {
  public:
@@ -123,6 +56,7 @@ class Rendezvous {
         timeout_text_(absl::FormatDuration(timeout)),
         calls_(world_size),
         present_(world_size, false),
+        ins_(world_size, nullptr),
         results_(world_size) {}
 
   // Takes part in the next collective as `rank`; on success copies
@@ -235,8 +169,9 @@ class Rendezvous {
     switch (first.kind) {
       case CollectiveKind::kAllReduce:
       case CollectiveKind::kReduceScatter:
-        ReduceAny(first.dtype, first.op, calls_, first.in_elements,
-                  scratch_.data());
+        for (int r = 0; r < world_size_; ++r) ins_[r] = calls_[r].in;
+        ReduceInRankOrder(first.dtype, first.op, ins_.data(), world_size_,
+                          first.in_elements, scratch_.data());
         break;
       case CollectiveKind::kAllGather:
         for (int r = 0; r < world_size_; ++r) {
@@ -263,6 +198,7 @@ class Rendezvous {
   // The current round: each rank's call and whether it has arrived.
   std::vector<Call> calls_;
   std::vector<bool> present_;
+  std::vector<const void*> ins_;  // the calls' inputs, for the reduction
   int arrived_ = 0;
   // Rounds completed so far.
   uint64_t generation_ = 0;
