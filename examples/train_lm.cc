@@ -24,6 +24,14 @@
 // over NCCL; --gpus=N is --ranks=N on CUDA), each on --batch / N rows of every
 // global batch, with the gradients summed over the ranks; rank 0 alone prints,
 // validates, samples, writes the metrics and the checkpoints.
+//
+// Several processes (one host or several): --rank=R --world_size=W
+// --coordinator=HOST:PORT (or RANK, WORLD_SIZE and LOSSRT_COORDINATOR or
+// MASTER_ADDR + MASTER_PORT from the environment) makes this process rank R
+// of W. On CUDA rank 0 publishes the NCCL unique id through the coordinator
+// (runtime/coordinator.h) and every rank joins NCCL on GPU K + LOCAL_RANK; on
+// the CPU the ranks talk over TCP (runtime/socket_communicator.h). A rank that
+// dies or never arrives makes the others fail within --rank_timeout_s.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,9 +70,11 @@
 #include "graph/trainer.h"
 #include "runtime/communicator.h"
 #include "runtime/context.h"
+#include "runtime/coordinator.h"
 #include "runtime/cpu_communicator.h"
 #include "runtime/device.h"
 #include "runtime/nccl_communicator.h"
+#include "runtime/socket_communicator.h"
 #include "runtime/status.h"
 
 ABSL_FLAG(std::string, data, "",
@@ -111,12 +121,41 @@ ABSL_FLAG(int32_t, ranks, 1,
           "CUDA: rank i on GPU K + i (K: cuda:K's ordinal, 0 for cuda) over "
           "NCCL. Rank 0 alone prints, validates (on the whole validation "
           "batch), samples, writes --metrics and saves checkpoints; --resume "
-          "loads rank 0's checkpoint on every rank. Several processes "
-          "(--rank/--world_size) are not supported yet.");
+          "loads rank 0's checkpoint on every rank. For several processes "
+          "see --world_size.");
 ABSL_FLAG(int32_t, gpus, 0,
           "One process driving N GPUs: --gpus=N is --ranks=N on CUDA (--device "
           "auto with a GPU, cuda or cuda:K; GPUs K to K + N - 1), 1 to 1024 "
           "(0: see --ranks).");
+ABSL_FLAG(int32_t, rank, -1,
+          "This process's rank of --world_size, 0 to --world_size - 1 (-1: "
+          "the RANK environment variable, else 0).");
+ABSL_FLAG(int32_t, world_size, 0,
+          "Processes of a data-parallel run, 1 to 1024 (0: the WORLD_SIZE "
+          "environment variable, else 1). Each process is one rank (with "
+          "--ranks=1) and trains on its --batch / --world_size rows of every "
+          "global batch; rank 0 prints, validates, samples and saves.");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of rank 0 for --world_size > 1 (empty: "
+          "LOSSRT_COORDINATOR, else MASTER_ADDR:MASTER_PORT from the "
+          "environment). Rank 0 listens on PORT.");
+ABSL_FLAG(int32_t, rank_timeout_s, 300,
+          "Several processes: the seconds a rank waits for the others (to "
+          "join, or in a collective) before it fails, 1 to 86400. It must "
+          "exceed what rank 0 spends alone (validation, samples, "
+          "checkpoints) between steps.");
+ABSL_FLAG(double, bucket_mib, 25,
+          "Data parallel: MiB of gradients per all-reduce bucket (> 0); each "
+          "goes as soon as the backward has finished it.");
+ABSL_FLAG(bool, zero1, false,
+          "Data parallel: shard the AdamW moments over the ranks (ZeRO-1: "
+          "reduce-scatter, update a shard, all-gather).");
+ABSL_FLAG(double, single_device_tokens_per_s, 0,
+          "Data parallel: the tokens/s of the same model and --batch / ranks "
+          "rows on one device, as a run with --ranks=1 (or --gpus=1) and "
+          "--batch / N printed it; given, the summary prints the scaling "
+          "(tokens/s per rank over it). 0: the scaling is not printed, as "
+          "nothing measured it.");
 ABSL_FLAG(int32_t, steps, 0, "Optimizer steps in all (0: device default).");
 ABSL_FLAG(double, lr, 0, "Peak learning rate, in (0, 1] (0: device default).");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "Final learning rate / peak, in [0, 1].");
@@ -324,6 +363,74 @@ absl::Status CheckChoice(absl::string_view name, const std::string& value,
 }
 
 // The checks that need no device: run before anything else.
+// This process's place in a run of several processes: the flags, else the
+// environment (RANK, WORLD_SIZE, LOSSRT_COORDINATOR or MASTER_ADDR and
+// MASTER_PORT, as torchrun sets them).
+struct ProcessGroup {
+  int rank = 0;
+  int world_size = 1;
+  std::string coordinator;  // HOST:PORT, for world_size > 1
+};
+
+absl::StatusOr<int> IntFromEnvironment(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return InvalidArgument("the environment's ", name, "=", text,
+                           " is not an integer");
+  }
+  return value;
+}
+
+absl::StatusOr<ProcessGroup> ResolveProcessGroup() {
+  ProcessGroup group;
+  group.world_size = absl::GetFlag(FLAGS_world_size);
+  if (group.world_size == 0) {
+    ASSIGN_OR_RETURN(group.world_size, IntFromEnvironment("WORLD_SIZE", 1));
+  }
+  if (group.world_size < 1 || group.world_size > kMaxRanks) {
+    return BadFlag(
+        "world_size", absl::StrCat(group.world_size),
+        absl::StrCat("1 to ", kMaxRanks, " (0: WORLD_SIZE, else 1)"));
+  }
+  group.rank = absl::GetFlag(FLAGS_rank);
+  if (group.rank < 0) {
+    ASSIGN_OR_RETURN(group.rank, IntFromEnvironment("RANK", 0));
+  }
+  if (group.rank < 0 || group.rank >= group.world_size) {
+    return BadFlag(
+        "rank", absl::StrCat(group.rank),
+        absl::StrCat("0 to --world_size - 1 = ", group.world_size - 1));
+  }
+  group.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (group.coordinator.empty()) {
+    const char* coordinator = std::getenv("LOSSRT_COORDINATOR");
+    const char* host = std::getenv("MASTER_ADDR");
+    const char* port = std::getenv("MASTER_PORT");
+    if (coordinator != nullptr && *coordinator != '\0') {
+      group.coordinator = coordinator;
+    } else if (host != nullptr && port != nullptr) {
+      group.coordinator = absl::StrCat(host, ":", port);
+    }
+  }
+  if (group.world_size > 1) {
+    absl::Status parsed = ParseCoordinatorAddress(group.coordinator).status();
+    if (!parsed.ok()) {
+      return BadFlag(
+          "coordinator", group.coordinator,
+          absl::StrCat("HOST:PORT of rank 0 with --world_size=",
+                       group.world_size, " (", parsed.message(), ")"));
+    }
+    if (absl::GetFlag(FLAGS_ranks) != 1 || absl::GetFlag(FLAGS_gpus) > 1) {
+      return BadFlag("world_size", absl::StrCat(group.world_size),
+                     "1 with --ranks or --gpus above 1 (one rank per "
+                     "process)");
+    }
+  }
+  return group;
+}
+
 absl::Status CheckFlags() {
   using absl::GetFlag;
   if (GetFlag(FLAGS_tokenizer).empty()) {
@@ -350,6 +457,19 @@ absl::Status CheckFlags() {
   RETURN_IF_ERROR(
       CheckInt("micro_batches", GetFlag(FLAGS_micro_batches), 1, 1 << 16));
   RETURN_IF_ERROR(CheckInt("ranks", GetFlag(FLAGS_ranks), 1, kMaxRanks));
+  RETURN_IF_ERROR(
+      CheckInt("rank_timeout_s", GetFlag(FLAGS_rank_timeout_s), 1, 86400));
+  if (!(GetFlag(FLAGS_bucket_mib) > 0) ||
+      !std::isfinite(GetFlag(FLAGS_bucket_mib))) {
+    return BadFlag("bucket_mib", absl::StrCat(GetFlag(FLAGS_bucket_mib)),
+                   "a finite number of MiB > 0");
+  }
+  if (!(GetFlag(FLAGS_single_device_tokens_per_s) >= 0) ||
+      !std::isfinite(GetFlag(FLAGS_single_device_tokens_per_s))) {
+    return BadFlag("single_device_tokens_per_s",
+                   absl::StrCat(GetFlag(FLAGS_single_device_tokens_per_s)),
+                   "a finite tokens/s >= 0");
+  }
   RETURN_IF_ERROR(
       CheckInt("gpus", GetFlag(FLAGS_gpus), 1, kMaxRanks, "use --ranks"));
   if (GetFlag(FLAGS_gpus) > 0 && GetFlag(FLAGS_ranks) != 1 &&
@@ -512,17 +632,23 @@ absl::Status Run() {
                            Pick(absl::GetFlag(FLAGS_context), defaults.context),
                            absl::GetFlag(FLAGS_micro_batches)));
   }
-  // The ranks (--ranks, or --gpus on CUDA); CheckFlags checked both.
-  const bool by_gpus = absl::GetFlag(FLAGS_gpus) > 0;
-  const int ranks =
-      by_gpus ? absl::GetFlag(FLAGS_gpus) : absl::GetFlag(FLAGS_ranks);
-  const char* ranks_flag = by_gpus ? "gpus" : "ranks";
+  // The ranks (--ranks, or --gpus on CUDA, or the processes of
+  // --world_size); CheckFlags and ResolveProcessGroup checked them.
+  ASSIGN_OR_RETURN(const ProcessGroup group, ResolveProcessGroup());
+  const bool by_processes = group.world_size > 1;
+  const bool by_gpus = absl::GetFlag(FLAGS_gpus) > 0 && !by_processes;
+  const int ranks = by_processes ? group.world_size
+                    : by_gpus    ? absl::GetFlag(FLAGS_gpus)
+                                 : absl::GetFlag(FLAGS_ranks);
+  const char* ranks_flag = by_processes ? "world_size"
+                           : by_gpus    ? "gpus"
+                                        : "ranks";
   if (by_gpus && !device.is_cuda()) {
     return BadFlag("gpus", absl::StrCat(ranks),
                    absl::StrCat("0 on --device=", absl::GetFlag(FLAGS_device),
                                 ", which is the CPU here (use --ranks)"));
   }
-  if (ranks > 1 && device.is_cuda() &&
+  if (ranks > 1 && !by_processes && device.is_cuda() &&
       device.ordinal + ranks > CudaDeviceCount()) {
     const int visible = std::max(0, CudaDeviceCount() - device.ordinal);
     return BadFlag(ranks_flag, absl::StrCat(ranks),
@@ -619,6 +745,9 @@ absl::Status Run() {
   graph::TrainerOptions base_options;
   base_options.micro_batches = micro;
   base_options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
+  base_options.bucket_bytes = std::max<int64_t>(
+      4, static_cast<int64_t>(absl::GetFlag(FLAGS_bucket_mib) * (1 << 20)));
+  base_options.shard_optimizer_state = absl::GetFlag(FLAGS_zero1);
   base_options.adamw.weight_decay =
       static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
   base_options.adamw.max_grad_norm =
@@ -670,10 +799,14 @@ absl::Status Run() {
           device.is_cuda() && absl::GetFlag(FLAGS_layers) == 0
               ? " (the GPU default: larger than the CPU's)"
               : "",
-          ranks > 1 ? absl::StrFormat(" x %d data-parallel ranks (%s)", ranks,
-                                      device.is_cuda() ? "NCCL" : "CPU threads")
-                          .c_str()
-                    : "");
+          ranks > 1
+              ? absl::StrFormat(" x %d data-parallel ranks (%s%s)", ranks,
+                                device.is_cuda() ? "NCCL"
+                                : by_processes   ? "CPU processes over TCP"
+                                                 : "CPU threads",
+                                absl::GetFlag(FLAGS_zero1) ? ", ZeRO-1" : "")
+                    .c_str()
+              : "");
     }
     graph::TrainerOptions options = base_options;
     options.communicator = comm;
@@ -792,13 +925,16 @@ absl::Status Run() {
 
     const int keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
     auto save = [&]() -> absl::Status {
-      if (!lead || checkpoint_dir.empty()) return absl::OkStatus();
+      if (checkpoint_dir.empty()) return absl::OkStatus();
+      // Every rank calls Save (with --zero1 it gathers the moments); rank 0
+      // alone writes, atomically.
       ASSIGN_OR_RETURN(std::string folder,
                        trainer->Save(checkpoint_dir,
                                      {{"data_position",
                                        absl::StrCat(train_batches.position())},
                                       {"seed", absl::StrCat(seed)},
                                       {"ranks", absl::StrCat(ranks)}}));
+      if (!lead) return absl::OkStatus();
       if (tokenizer != nullptr) {
         RETURN_IF_ERROR(
             tokenizer->Save((fs::path(folder) / kTokenizerFile).string()));
@@ -978,9 +1114,18 @@ absl::Status Run() {
             : absl::StrFormat(" (%d-%d of %d)", first_step, last_step, steps),
         tokens_run, HumanSeconds(total_s), HumanSeconds(train_s),
         tokens_per_s / 1e3,
-        ranks > 1 ? absl::StrFormat(", %.1fK per rank of %d",
-                                    tokens_per_s / ranks / 1e3, ranks)
-                  : "",
+        ranks > 1
+            ? absl::StrFormat(
+                  ", %.1fK per rank of %d%s", tokens_per_s / ranks / 1e3, ranks,
+                  absl::GetFlag(FLAGS_single_device_tokens_per_s) > 0
+                      ? absl::StrFormat(
+                            ", scaling %.2f of one device's %.1fK",
+                            tokens_per_s / ranks /
+                                absl::GetFlag(FLAGS_single_device_tokens_per_s),
+                            absl::GetFlag(FLAGS_single_device_tokens_per_s) /
+                                1e3)
+                      : "")
+            : "",
         HumanSeconds(eval_s), last_loss,
         last_val ? absl::StrFormat("%.4f", *last_val) : "-",
         first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val) : "",
@@ -991,6 +1136,42 @@ absl::Status Run() {
   if (ranks == 1) {
     ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
     return train_rank(0, *context, nullptr);
+  }
+  if (by_processes) {
+    // ---- One rank of several processes ----
+    const absl::Duration timeout =
+        absl::Seconds(absl::GetFlag(FLAGS_rank_timeout_s));
+    ASSIGN_OR_RETURN(const CoordinatorAddress address,
+                     ParseCoordinatorAddress(group.coordinator));
+    ASSIGN_OR_RETURN(const int local_rank, IntFromEnvironment("LOCAL_RANK", 0));
+    // cuda:K + LOCAL_RANK (K: --device's ordinal); the CPU for CPU ranks.
+    const Device rank_device =
+        device.is_cuda() ? Device::Cuda(device.ordinal + local_rank) : device;
+    ASSIGN_OR_RETURN(std::unique_ptr<Context> context,
+                     Context::Create(rank_device));
+    std::unique_ptr<Communicator> comm;
+    if (device.is_cuda()) {
+      // Rank 0 makes the NCCL id and hands it out through the coordinator.
+      std::string id;
+      if (group.rank == 0) {
+        ASSIGN_OR_RETURN(id, NcclCommunicator::NewUniqueId());
+      }
+      ASSIGN_OR_RETURN(id, ShareBlob(group.coordinator, group.rank,
+                                     group.world_size, id, timeout));
+      ASSIGN_OR_RETURN(
+          comm, NcclCommunicator::Create(id, group.rank, group.world_size,
+                                         *context, timeout));
+    } else {
+      ASSIGN_OR_RETURN(comm,
+                       SocketCommunicator::Create(address, group.rank,
+                                                  group.world_size, timeout));
+    }
+    absl::Status status = train_rank(group.rank, *context, comm.get());
+    if (!status.ok()) {
+      comm->Abort(absl::StrCat("rank ", group.rank, ": ", status.message()))
+          .IgnoreError();
+    }
+    return status;
   }
   // ---- Data-parallel ranks: one thread each ----
   // CPU: one in-process group. The timeout only bounds a rank waiting for

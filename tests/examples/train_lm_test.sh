@@ -188,6 +188,55 @@ for x, y in zip(a, b):
 print("--ranks=2 resumed at step 3 equals the uninterrupted run")
 PY
 
+# 2c. Several processes (--rank/--world_size/--coordinator, CPU: TCP between processes): two
+#     processes log the losses of --ranks=2 exactly (the same sums in the same order);
+#     --zero1 and 1-element buckets stay within rounding of it; a checkpoint of the two
+#     processes resumes on --ranks=3 --zero1 with the uninterrupted losses (to 1e-4); a rank
+#     alone (its peer never starts) fails with DEADLINE_EXCEEDED within --rank_timeout_s.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+MPCKPT=${WORK}/mp_ckpt
+for r in 0 1; do
+  "${TRAIN_LM}" "${DP[@]}" --world_size=2 --rank="${r}" --coordinator="127.0.0.1:${PORT}" \
+    --rank_timeout_s=60 --stop_at_step=3 --checkpoint_dir="${MPCKPT}" \
+    --metrics="${WORK}/mp${r}.jsonl" > "${WORK}/mp${r}.log" 2>&1 &
+done
+wait %1 || { cat "${WORK}/mp0.log"; fail "--world_size=2 rank 0 failed"; }
+wait %2 || { cat "${WORK}/mp1.log"; fail "--world_size=2 rank 1 failed"; }
+grep -q "x 2 data-parallel ranks (CPU processes over TCP)" "${WORK}/mp0.log" ||
+  { cat "${WORK}/mp0.log"; fail "--world_size=2: the model line does not name the processes"; }
+[[ ! -s "${WORK}/mp1.jsonl" ]] || fail "--world_size=2: rank 1 wrote metrics"
+[[ "$(listing "${MPCKPT}")" == "latest step-00000003 " ]] ||
+  fail "--world_size=2 checkpoints: '$(listing "${MPCKPT}")'"
+"${TRAIN_LM}" "${DP[@]}" --ranks=2 --zero1 --bucket_mib=0.000004 \
+  --metrics="${WORK}/zero.jsonl" > "${WORK}/zero.log" 2>&1 ||
+  { cat "${WORK}/zero.log"; fail "--ranks=2 --zero1 failed"; }
+"${TRAIN_LM}" "${DP[@]}" --ranks=3 --zero1 --resume --checkpoint_dir="${MPCKPT}" \
+  --metrics="${WORK}/mp0.jsonl" > "${WORK}/mp_resumed.log" 2>&1 ||
+  { cat "${WORK}/mp_resumed.log"; fail "--ranks=3 resuming the processes' checkpoint failed"; }
+python3 - "${WORK}/dp2.jsonl" "${WORK}/mp0.jsonl" "${WORK}/zero.jsonl" <<'PY' || fail "several processes differ from --ranks=2"
+import json, sys
+dp, mp, zero = [[json.loads(l) for l in open(path)] for path in sys.argv[1:]]
+assert [r["step"] for r in mp] == [r["step"] for r in dp], (mp, dp)
+for a, b, c in zip(dp, mp, zero):
+    for key in ("loss", "val_loss"):
+        if a["step"] <= 3:  # the two processes: the same bits
+            assert a[key] == b[key], (key, a, b)
+        elif a[key] is not None:  # resumed on 3 ranks with ZeRO-1
+            assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]), (key, a, b)
+        if a[key] is not None:
+            assert abs(a[key] - c[key]) <= 1e-4 * abs(a[key]), (key, a, c)
+print("--world_size=2 equals --ranks=2; --zero1 and a resume on 3 ranks match it")
+PY
+START=$(date +%s)
+if "${TRAIN_LM}" "${DP[@]}" --world_size=2 --rank=0 --coordinator="127.0.0.1:$(free_port)" \
+    --rank_timeout_s=2 > "${WORK}/alone.log" 2>&1; then
+  fail "a rank without its peer succeeded"
+fi
+(( $(date +%s) - START < 30 )) || fail "a rank without its peer took too long to fail"
+grep -q "DEADLINE_EXCEEDED.*rank(s) 1 of 2 did not join" "${WORK}/alone.log" ||
+  { cat "${WORK}/alone.log"; fail "a rank without its peer: unclear error"; }
+
 # 3. Bad input: a clear error naming the flag and its value, exit status 1 (no crash), and
 #    nothing written. Each case: the flags as given, then what the message must hold.
 if "${TRAIN_LM}" --data="${WORK}/missing" --device=cpu > "${WORK}/bad.log" 2>&1; then
