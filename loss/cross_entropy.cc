@@ -89,9 +89,50 @@ struct Request {
   const Tensor* loss = nullptr;  // forward outputs
   const Tensor* lse = nullptr;   // output (forward) or input (backward)
   const Tensor* grad_logits = nullptr;
-  const Tensor* grad_loss = nullptr;  // incoming gradient
+  const Tensor* grad_loss = nullptr;           // incoming gradient
+  const CrossEntropyExtras* extras = nullptr;  // forward outputs
   bool backward_only = false;
 };
+
+// The workspace: the target scan's stats, then three [tokens] f32 arrays: the
+// per-token losses of a reduced call, the accuracy's per-token terms, and the
+// entropy that a backward with entropy_weight != 0 recomputes.
+struct WorkspaceLayout {
+  int64_t row_loss = 0;
+  int64_t row_hit = 0;
+  int64_t entropy = 0;
+  int64_t bytes = 0;
+};
+
+WorkspaceLayout LayoutWorkspace(int64_t tokens) {
+  const int64_t row_bytes =
+      AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
+  WorkspaceLayout layout;
+  layout.row_loss = AlignUp(sizeof(ce::TargetStats));
+  layout.row_hit = layout.row_loss + row_bytes;
+  layout.entropy = layout.row_hit + row_bytes;
+  layout.bytes = layout.entropy + row_bytes;
+  return layout;
+}
+
+float* WorkspaceArray(void* workspace, int64_t offset) {
+  return reinterpret_cast<float*>(static_cast<char*>(workspace) + offset);
+}
+
+// Points args at the requested extras (row_hit at the workspace's array).
+void SetExtras(const CrossEntropyExtras* extras, float* row_hit,
+               ce::RowArgs& args) {
+  if (extras == nullptr) return;
+  if (extras->predicted.has_value()) {
+    args.predicted = extras->predicted->data;
+    args.predicted_i64 = extras->predicted->dtype == DType::kI64;
+  }
+  if (extras->accuracy.has_value()) args.row_hit = row_hit;
+  if (extras->entropy.has_value())
+    args.entropy = extras->entropy->data_as<float>();
+  if (extras->target_logprob.has_value())
+    args.target_logprob = extras->target_logprob->data_as<float>();
+}
 
 absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
                  const CrossEntropyOptions& options, const Request& request) {
@@ -118,6 +159,16 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
     RETURN_IF_ERROR(ce::CheckLossTensor(*request.grad_loss, options.reduction,
                                         problem.tokens, context, "grad_loss"));
   }
+  if (request.extras != nullptr) {
+    RETURN_IF_ERROR(ce::CheckExtras(*request.extras, problem.tokens, context,
+                                    {{&logits, "the logits"},
+                                     {&targets, "the targets"},
+                                     {weights, "class_weights"},
+                                     {request.loss, "loss"},
+                                     {request.lse, "lse"},
+                                     {request.grad_logits, "grad_logits"},
+                                     {request.grad_loss, "grad_loss"}}));
+  }
   if (request.grad_logits != nullptr) {
     RETURN_IF_ERROR(
         CheckGradLogits(context, *request.grad_logits, logits, problem));
@@ -143,6 +194,12 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   args.lse = request.lse != nullptr ? request.lse->data_as<float>() : nullptr;
   const bool reduce =
       !request.backward_only && options.reduction != Reduction::kNone;
+  const WorkspaceLayout layout = LayoutWorkspace(problem.tokens);
+  const bool accuracy =
+      request.extras != nullptr && request.extras->accuracy.has_value();
+  const bool needs_workspace =
+      reduce || accuracy ||
+      (request.backward_only && options.entropy_weight != 0.0f);
 
   if (context.device().is_cpu()) {
     const ce::TargetStats stats =
@@ -152,24 +209,30 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
         ce::CheckTargetStats(stats, options, problem.tokens, problem.vocab));
     args.stats = &stats;
     if (request.backward_only) {
-      ce::BackwardCpu(args);
+      ce::BackwardCpu(args);  // the rows' entropy from the rows themselves
       return absl::OkStatus();
     }
-    // Per-token losses of a reduced call go to the context's workspace (no
-    // allocation once it has grown), as on the GPU.
-    float* row_loss = request.loss->data_as<float>();
-    if (reduce) {
-      ASSIGN_OR_RETURN(void* workspace,
-                       context.Workspace(CrossEntropyWorkspaceBytes(
-                           problem.tokens, problem.vocab)));
-      row_loss = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                          AlignUp(sizeof(ce::TargetStats)));
+    // Per-token losses of a reduced call and the accuracy's terms go to the
+    // context's workspace (no allocation once it has grown), as on the GPU.
+    void* workspace = nullptr;
+    if (needs_workspace) {
+      ASSIGN_OR_RETURN(workspace, context.Workspace(CrossEntropyWorkspaceBytes(
+                                      problem.tokens, problem.vocab)));
     }
+    float* row_loss = reduce ? WorkspaceArray(workspace, layout.row_loss)
+                             : request.loss->data_as<float>();
+    SetExtras(request.extras,
+              accuracy ? WorkspaceArray(workspace, layout.row_hit) : nullptr,
+              args);
     args.row_loss = row_loss;
     ce::RowsCpu(args);
     if (reduce)
       request.loss->data_as<float>()[0] =
           static_cast<float>(ce::SumRowsCpu(row_loss, problem.tokens));
+    if (accuracy) {
+      request.extras->accuracy->data_as<float>()[0] =
+          static_cast<float>(ce::SumRowsCpu(args.row_hit, problem.tokens));
+    }
     return absl::OkStatus();
   }
 
@@ -185,8 +248,7 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
                    context.Workspace(CrossEntropyWorkspaceBytes(
                        problem.tokens, problem.vocab)));
   auto* stats = static_cast<ce::TargetStats*>(workspace);
-  float* row_loss = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                             AlignUp(sizeof(ce::TargetStats)));
+  float* row_loss = WorkspaceArray(workspace, layout.row_loss);
   CUDA_RETURN_IF_ERROR(ce::LaunchTargetStats(
       args.targets, args.targets_i64, args.rows, args.vocab, args.ignore_index,
       args.class_weights, stats, stream));
@@ -202,14 +264,36 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &num_sms, cudaDevAttrMultiProcessorCount, context.device().ordinal));
   if (request.backward_only) {
+    if (options.entropy_weight != 0.0f) {
+      // The rows' entropy first, from a forward statistics pass (one more
+      // read of the logits): the saved lse does not give it.
+      ce::RowArgs stats_args = args;
+      stats_args.grad = nullptr;
+      stats_args.grad_loss = nullptr;
+      stats_args.lse = nullptr;
+      stats_args.row_loss = row_loss;
+      stats_args.entropy = WorkspaceArray(workspace, layout.entropy);
+      CUDA_RETURN_IF_ERROR(ce::LaunchRows(stats_args, num_sms, stream));
+      args.entropy = stats_args.entropy;
+      args.follows_scan = false;
+    }
     CUDA_RETURN_IF_ERROR(ce::LaunchBackward(args, num_sms, stream));
   } else {
     args.row_loss = reduce ? row_loss : request.loss->data_as<float>();
+    SetExtras(request.extras,
+              accuracy ? WorkspaceArray(workspace, layout.row_hit) : nullptr,
+              args);
     CUDA_RETURN_IF_ERROR(ce::LaunchRows(args, num_sms, stream));
     if (reduce)
       CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(row_loss, problem.tokens,
                                              request.loss->data_as<float>(),
                                              stream, /*follows_rows=*/true));
+    if (accuracy) {
+      CUDA_RETURN_IF_ERROR(
+          ce::LaunchSumRows(args.row_hit, problem.tokens,
+                            request.extras->accuracy->data_as<float>(), stream,
+                            /*follows_rows=*/!reduce));
+    }
   }
   if (capturing)
     RETURN_IF_ERROR(ce::DeferTargetStatsCheck(context, stats, options, stream));
@@ -224,18 +308,18 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
 
 int64_t CrossEntropyWorkspaceBytes(int64_t tokens, int64_t vocab) {
   (void)vocab;
-  // The target scan's stats and the per-token losses.
-  return AlignUp(sizeof(ce::TargetStats)) +
-         AlignUp(tokens * static_cast<int64_t>(sizeof(float)));
+  return LayoutWorkspace(tokens).bytes;
 }
 
 absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
                                  const Tensor& targets,
                                  const CrossEntropyOptions& options,
-                                 const Tensor& loss, const Tensor* lse) {
+                                 const Tensor& loss, const Tensor* lse,
+                                 const CrossEntropyExtras* extras) {
   Request request;
   request.loss = &loss;
   request.lse = lse;
+  request.extras = extras;
   return Run(context, logits, targets, options, request);
 }
 
@@ -257,8 +341,10 @@ absl::Status CrossEntropyForwardBackward(Context& context, const Tensor& logits,
                                          const CrossEntropyOptions& options,
                                          const Tensor& loss, const Tensor* lse,
                                          const Tensor& grad_logits,
-                                         const Tensor* grad_loss) {
+                                         const Tensor* grad_loss,
+                                         const CrossEntropyExtras* extras) {
   Request request;
+  request.extras = extras;
   request.loss = &loss;
   request.lse = lse;
   request.grad_logits = &grad_logits;

@@ -21,6 +21,29 @@
 // number of counted tokens; with no counted token the loss and every gradient
 // are 0.
 //
+// Extras (CrossEntropyExtras, all optional, computed in the same pass):
+// clang-format off
+//   predicted_i = argmax_j z_ij (ties: the lowest j), for every token
+//   accuracy    = sum_i w[t_i] [predicted_i == t_i] / sum_i w[t_i] over counted
+//                 tokens (0 when none is counted)
+//   entropy_i   = H_i = -sum_j p_ij log p_ij = lse_i - sum_j p_ij z_ij
+//                 (0 for ignored tokens)
+//   target_logprob_i = z_t - lse_i (0 for ignored tokens), whatever the
+//                 reduction
+// clang-format on
+// With entropy_weight = e != 0 every counted token's loss gains -e * H_i (the
+// mean divides it by the number of counted tokens, as the z-loss part), and
+// the gradient gains e * p_j * (z_j - (lse - H)) (times the soft cap's chain
+// rule). CrossEntropyBackward from a saved lse recomputes H with one more read
+// of the logits (a forward statistics pass) when entropy_weight != 0. NaN
+// logits make the extras of their row unspecified. Cost: on the GPU the extras
+// run their own instantiations of the row kernels (an argmax test and an
+// entropy accumulator a logit, and a second reduction a row, over the same
+// single read of the logits); a call without extras and entropy_weight = 0
+// runs the same kernels as one before the extras existed. entropy_weight also
+// takes the fused pass off its one-exponential path (a second exponential a
+// logit, as the soft cap does).
+//
 // Tensors: logits f32, bf16 or f16 [tokens, vocab] with row stride >= vocab;
 // targets i64 or i32 [tokens]; loss f32 [] (mean, sum) or [tokens] (none); lse
 // f32 [tokens]; grad_logits [tokens, vocab] in the logits' dtype (it may be the
@@ -68,12 +91,26 @@ struct CrossEntropyOptions {
   float label_smoothing = 0.0f;  // in [0, 1)
   float z_loss = 0.0f;   // scale of lse^2 (Liger's lse_square_scale); >= 0
   float softcap = 0.0f;  // 0 = off; > 0 caps logits at +-softcap through tanh
+  // Entropy regularization: adds -entropy_weight * H to each counted token's
+  // loss (finite; 0 = off).
+  float entropy_weight = 0.0f;
   std::optional<Tensor> class_weights;  // f32 [vocab], >= 0
   // Check that every target is in [0, vocab) or ignore_index (on the GPU: a
   // flag read back once per call, which waits for the stream; inside a CUDA
   // graph capture, a count added to the context's deferred error count). Off:
   // out-of-range targets give NaN losses.
   bool validate_targets = true;
+};
+
+// Optional outputs of the forward passes, each written when given: predicted
+// i32 or i64 [tokens], accuracy f32 [] (or [1]), entropy and target_logprob f32
+// [tokens]. On the context's device; none may overlap an input or another
+// output.
+struct CrossEntropyExtras {
+  std::optional<Tensor> predicted;       // [tokens] i32 or i64
+  std::optional<Tensor> accuracy;        // [] f32
+  std::optional<Tensor> entropy;         // [tokens] f32
+  std::optional<Tensor> target_logprob;  // [tokens] f32
 };
 
 // Loss (and, if `lse` is given, the per-token log-sum-exp to save for the
@@ -84,11 +121,12 @@ absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
                                  const Tensor& targets,
                                  const CrossEntropyOptions& options,
                                  const Tensor& loss,
-                                 const Tensor* lse = nullptr);
+                                 const Tensor* lse = nullptr,
+                                 const CrossEntropyExtras* extras = nullptr);
 
 // grad_logits from the logits, the targets, the saved lse and the incoming
 // gradient of the loss (f32 [] for mean/sum, [tokens] for none). One read of
-// the logits, one write.
+// the logits, one write (two reads with entropy_weight != 0).
 absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
                                   const Tensor& targets, const Tensor& lse,
                                   const Tensor& grad_loss,
@@ -98,12 +136,11 @@ absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
 // Loss, lse (optional) and grad_logits in one pass over the logits. `grad_loss`
 // (optional) scales the gradient as in CrossEntropyBackward; without it the
 // gradient is that of the loss itself.
-absl::Status CrossEntropyForwardBackward(Context& context, const Tensor& logits,
-                                         const Tensor& targets,
-                                         const CrossEntropyOptions& options,
-                                         const Tensor& loss, const Tensor* lse,
-                                         const Tensor& grad_logits,
-                                         const Tensor* grad_loss = nullptr);
+absl::Status CrossEntropyForwardBackward(
+    Context& context, const Tensor& logits, const Tensor& targets,
+    const CrossEntropyOptions& options, const Tensor& loss, const Tensor* lse,
+    const Tensor& grad_logits, const Tensor* grad_loss = nullptr,
+    const CrossEntropyExtras* extras = nullptr);
 
 // Scratch bytes the calls take from the context's workspace for this shape
 // (reserve them with Context::ReserveWorkspace to keep allocation out of the

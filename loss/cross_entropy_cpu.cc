@@ -5,11 +5,12 @@
 //
 // A row is processed in three passes over an fp32 view of it: the max, then the
 // sum of exp(z - max) (and, for label smoothing, sum_j w_j (max - z_j)), then
-// the gradient. The view is the logits row itself (f32 without softcap) or a
-// per-thread scratch vector that holds the converted and soft-capped row, so
-// the logits are read from memory once per row and the later passes hit the
-// cache. Rows are independent and every sum has a fixed order, so results do
-// not depend on the number of threads.
+// the gradient (the extras add the argmax and, for the entropy, a pass for
+// sum_j e_j (z_j - max) over the cached row). The view is the logits row itself
+// (f32 without softcap) or a per-thread scratch vector that holds the converted
+// and soft-capped row, so the logits are read from memory once per row and the
+// later passes hit the cache. Rows are independent and every sum has a fixed
+// order, so results do not depend on the number of threads.
 #include "loss/cross_entropy_cpu.h"
 
 #include <Eigen/Core>
@@ -77,6 +78,8 @@ const float* LoadRow(const RowArgs& args, int64_t row, float* scratch) {
       for (int64_t j = 0; j < vocab; ++j) scratch[j] = F16BitsToFloat(x[j]);
       break;
     }
+    default:  // the op admits only the three float types
+      break;
   }
   if (args.softcap > 0.0f) {
     ArrayMap view(scratch, vocab);
@@ -103,6 +106,8 @@ void StoreGrad(const float* values, int64_t count, DType grad_type, void* out) {
       for (int64_t j = 0; j < count; ++j) dst[j] = FloatToF16Bits(values[j]);
       break;
     }
+    default:  // the op admits only the three float types
+      break;
   }
 }
 
@@ -115,6 +120,50 @@ void* GradRow(const RowArgs& args, int64_t row) {
 double SumExp(const float* z, int64_t count, float max) {
   if (count <= 0) return 0.0;
   return (ConstArrayMap(z, count) - max).exp().sum();
+}
+
+// The entropy's sum_j e_j (z_j - max), e_j = exp(z_j - max), over the row
+// z[0, vocab): fp32 within blocks, blocks added in double. Terms whose e_j is
+// 0 (-inf logits) add 0, not 0 * -inf.
+double CenteredSum(const float* z, int64_t vocab, float max) {
+  double sum = 0.0;
+  for (int64_t b = 0; b < vocab; b += kBlock) {
+    const int64_t count = std::min(kBlock, vocab - b);
+    const Eigen::ArrayXf d = ConstArrayMap(z + b, count) - max;  // [count]
+    const Eigen::ArrayXf e = d.exp();
+    sum += (e > 0.0f).select(e * d, 0.0f).sum();
+  }
+  return sum;
+}
+
+// H = log S - sum_j e_j (z_j - max) / S of a row, from its max and S =
+// sum_j exp(z_j - max) (both terms >= 0: no cancellation).
+double RowEntropy(const float* z, int64_t vocab, float max, double sum_exp) {
+  if (max == std::numeric_limits<float>::infinity()) return kNaN;
+  return std::log(sum_exp) - CenteredSum(z, vocab, max) / sum_exp;
+}
+
+// The index of the row's first max (0 when none equals it: a NaN max).
+int64_t ArgMax(const float* z, int64_t vocab, float max) {
+  const int64_t index = std::find(z, z + vocab, max) - z;
+  return index < vocab ? index : 0;
+}
+
+void StorePredicted(const RowArgs& args, int64_t row, int64_t index) {
+  if (args.predicted_i64) {
+    static_cast<int64_t*>(args.predicted)[row] = index;
+  } else {
+    static_cast<int32_t*>(args.predicted)[row] = static_cast<int32_t>(index);
+  }
+}
+
+// The per-token extras of a row that counts nothing: 0 when ignored, NaN for
+// a target out of range (as its loss).
+void WriteUncountedExtras(const RowArgs& args, int64_t row, bool ignored) {
+  const float fill = ignored ? 0.0f : kNaN;
+  if (args.entropy != nullptr) args.entropy[row] = fill;
+  if (args.target_logprob != nullptr) args.target_logprob[row] = fill;
+  if (args.row_hit != nullptr) args.row_hit[row] = 0.0f;
 }
 
 // Fills gradient row `row` with `value` (0 for ignored tokens, NaN for bad
@@ -138,12 +187,15 @@ struct CallConstants {
   double ce_scale = 1.0;
   // The same for the z-loss part and z_denominator.
   double z_scale = 1.0;
+  // 1 / ce_denominator whatever the reduction (0 when that is 0): the
+  // accuracy's scale.
+  double hit_scale = 0.0;
 };
 
 CallConstants MakeCallConstants(const RowArgs& args) {
   CallConstants constants;
   constants.weight_total = WeightTotal(args.class_weights, args.vocab);
-  if (args.reduction == kMean) {
+  if (args.reduction == kMean || args.row_hit != nullptr) {
     TargetStats local;
     const TargetStats* stats = args.stats;
     if (stats == nullptr) {
@@ -153,10 +205,13 @@ CallConstants MakeCallConstants(const RowArgs& args) {
     }
     // A zero denominator (no counted token, or only zero-weight ones)
     // contributes 0.
-    constants.ce_scale =
+    constants.hit_scale =
         stats->ce_denominator > 0 ? 1.0 / stats->ce_denominator : 0.0;
-    constants.z_scale =
-        stats->z_denominator > 0 ? 1.0 / stats->z_denominator : 0.0;
+    if (args.reduction == kMean) {
+      constants.ce_scale = constants.hit_scale;
+      constants.z_scale =
+          stats->z_denominator > 0 ? 1.0 / stats->z_denominator : 0.0;
+    }
   }
   return constants;
 }
@@ -168,15 +223,20 @@ CallConstants MakeCallConstants(const RowArgs& args) {
 //   p_j  = exp((z_j - shift) - log_sum)
 //   dz_j = coef * p_j - smooth_w * w_j                        for j != t
 //   dz_t = coef * expm1((z_t - shift) - log_sum) + target_offset
+//   dz_j += ent_coef * p_j * (((z_j - shift) - log_sum) + H)  with entropy
 //   dx_j = dz_j * (1 - (z_j / softcap)^2)                     with softcap
 // where target_offset = coef - (target_coef + smooth_w * w_t) is passed in
-// already simplified, so that p_t - 1 never cancels when p_t is near 1.
+// already simplified, so that p_t - 1 never cancels when p_t is near 1, and
+// ((z_j - shift) - log_sum) + H = z_j - (lse - H) is the entropy term's
+// z_j - E[z].
 struct GradCoefficients {
   double shift;     // max (fused) or the saved lse (backward)
   double log_sum;   // log of the sum of exp(z - max) (fused) or 0 (backward)
   double coef;      // C
   double smooth_w;  // g * s / V / denominator
   double target_offset;
+  double ent_coef = 0.0;  // g * entropy_weight / z denominator (0: off)
+  double entropy = 0.0;   // H of the row
 };
 
 void WriteGradRow(const RowArgs& args, int64_t row, const float* z,
@@ -193,8 +253,11 @@ void WriteGradRow(const RowArgs& args, int64_t row, const float* z,
   // Computed in double through expm1: p_t - 1 keeps its digits when p_t is
   // near 1.
   const double z_t = z[target];
-  double dz_t =
-      c.coef * std::expm1((z_t - c.shift) - c.log_sum) + c.target_offset;
+  const double d_t = (z_t - c.shift) - c.log_sum;
+  double dz_t = c.coef * std::expm1(d_t) + c.target_offset;
+  // (0, not 0 * -inf, where p is 0)
+  if (c.ent_coef != 0.0 && std::exp(d_t) > 0)
+    dz_t += c.ent_coef * std::exp(d_t) * (d_t + c.entropy);
   if (args.softcap > 0.0f) {
     const double t = z_t * inv_cap;
     dz_t *= 1.0 - t * t;
@@ -208,7 +271,17 @@ void WriteGradRow(const RowArgs& args, int64_t row, const float* z,
     const int64_t count = std::min(kBlock, vocab - begin);
     ConstArrayMap zb(z + begin, count);  // [count]
     ArrayMap gb(block, count);           // [count]
-    gb = coef * ((zb - shift) - log_sum).exp();
+    if (c.ent_coef != 0.0) {
+      const Eigen::ArrayXf d = (zb - shift) - log_sum;  // [count] z_j - lse
+      const Eigen::ArrayXf e = d.exp();
+      // 0, not 0 * -inf, where p is 0.
+      gb = (e > 0.0f).select(
+          e * (coef + static_cast<float>(c.ent_coef) *
+                          (d + static_cast<float>(c.entropy))),
+          0.0f);
+    } else {
+      gb = coef * ((zb - shift) - log_sum).exp();
+    }
     if (smoothing) {
       if (weights != nullptr) {
         gb -= smooth_w * ConstArrayMap(weights + begin, count);
@@ -260,11 +333,12 @@ void ProcessRows(const RowArgs& args, const CallConstants& k, int64_t begin,
     const int64_t target = LoadTarget(args.targets, args.targets_i64, row);
     const bool ignored = target == args.ignore_index;
     const bool valid = !ignored && target >= 0 && target < vocab;
-    if (!valid && args.lse == nullptr) {
+    if (!valid && args.lse == nullptr && args.predicted == nullptr) {
       // Ignored tokens add nothing; a target out of range (not validated) is a
       // NaN loss.
       args.row_loss[row] = ignored ? 0.0f : kNaN;
       if (args.grad != nullptr) FillGradRow(args, row, ignored ? 0.0f : kNaN);
+      WriteUncountedExtras(args, row, ignored);
       continue;
     }
     const float* z = LoadRow(args, row, scratch);  // [vocab]
@@ -313,19 +387,38 @@ void ProcessRows(const RowArgs& args, const CallConstants& k, int64_t begin,
     const double log_sum = std::log(sum_exp);
     const double lse = max + log_sum;
     if (args.lse != nullptr) args.lse[row] = static_cast<float>(lse);
+    int64_t predicted = -1;
+    if (args.predicted != nullptr || args.row_hit != nullptr) {
+      predicted = ArgMax(z, vocab, max);
+      if (args.predicted != nullptr) StorePredicted(args, row, predicted);
+    }
 
     if (!valid) {
       args.row_loss[row] = ignored ? 0.0f : kNaN;
       if (args.grad != nullptr) FillGradRow(args, row, ignored ? 0.0f : kNaN);
+      WriteUncountedExtras(args, row, ignored);
       continue;
     }
+    const bool with_entropy =
+        args.entropy != nullptr || args.entropy_weight != 0.0f;
+    const double entropy =
+        with_entropy ? RowEntropy(z, vocab, max, sum_exp) : 0.0;
+    if (args.entropy != nullptr)
+      args.entropy[row] = static_cast<float>(entropy);
     const double w_t = weights != nullptr ? weights[target] : 1.0;
     // lse - z_t as (max - z_t) + log S: exact max - z_t, so a near-certain
     // token's small loss is not the difference of two rounded large numbers.
     const double nll = (static_cast<double>(max) - z[target]) + log_sum;
+    if (args.target_logprob != nullptr)
+      args.target_logprob[row] = static_cast<float>(-nll);
+    if (args.row_hit != nullptr)
+      args.row_hit[row] =
+          predicted == target ? static_cast<float>(w_t * k.hit_scale) : 0.0f;
     double ce = (1.0 - s) * w_t * nll;
     if (smoothing) ce += s / vocab * (k.weight_total * log_sum + smooth_sum);
-    const double zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0;
+    // The entropy term is scaled as the z-loss part (by the count).
+    double zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0;
+    if (args.entropy_weight != 0.0f) zl -= args.entropy_weight * entropy;
     args.row_loss[row] = static_cast<float>(
         args.reduction == kMean ? ce * k.ce_scale + zl * k.z_scale : ce + zl);
 
@@ -344,6 +437,8 @@ void ProcessRows(const RowArgs& args, const CallConstants& k, int64_t begin,
       c.coef = target_coef + smooth_w * k.weight_total + z_term;
       c.smooth_w = smooth_w;
       c.target_offset = smooth_w * (k.weight_total - w_t) + z_term;
+      c.ent_coef = z_scale * args.entropy_weight;
+      c.entropy = entropy;
       WriteGradRow(args, row, z, target, c);
     }
   }
@@ -379,6 +474,19 @@ void BackwardRows(const RowArgs& args, const CallConstants& k, int64_t begin,
     c.coef = target_coef + smooth_w * k.weight_total + z_term;
     c.smooth_w = smooth_w;
     c.target_offset = smooth_w * (k.weight_total - w_t) + z_term;
+    if (args.entropy_weight != 0.0f) {
+      c.ent_coef = z_scale * args.entropy_weight;
+      if (args.entropy != nullptr) {
+        c.entropy = args.entropy[row];
+      } else {
+        // The row's own statistics (the saved lse only gives p).
+        const float max = ConstArrayMap(z, vocab).maxCoeff();
+        double sum_exp = 0.0;
+        for (int64_t b = 0; b < vocab; b += kBlock)
+          sum_exp += SumExp(z + b, std::min(kBlock, vocab - b), max);
+        c.entropy = RowEntropy(z, vocab, max, sum_exp);
+      }
+    }
     WriteGradRow(args, row, z, target, c);
   }
 }

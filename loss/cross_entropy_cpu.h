@@ -20,6 +20,8 @@ TargetStats ScanTargetsCpu(const void* targets, bool targets_i64, int64_t rows,
 void RowsCpu(const RowArgs& args);
 
 // Backward from a saved lse (args.lse is an input; row_loss is not written).
+// With entropy_weight != 0 the rows' entropy comes from args.entropy (an input
+// here) when given, else from the rows themselves.
 void BackwardCpu(const RowArgs& args);
 
 // Sum of row_loss in double, in order.

@@ -95,7 +95,24 @@ constexpr int WarpRowBlocksPerSm() {
   return sizeof(T) == 2 ? 4 : 3;
 }
 
-template <typename T, bool kVec, bool kOpt, bool kFastSum>
+// The row's reduced extras (PackExtras) from a lane's partials once the row's
+// max is known: a second warp (and group) reduction.
+template <bool kExtras>
+__device__ __forceinline__ RowStats WarpRowExtras(
+    const RowStats& lane_stats, const ExtraStats& extra, float row_max,
+    const WarpGroup& group, GroupSlots& slots, int& parity) {
+  if constexpr (kExtras) {
+    return GroupCombine(
+        WarpReduce<false>(PackExtras(lane_stats, extra, row_max)), group, slots,
+        parity);
+  } else {
+    return RowStats{};
+  }
+}
+
+// kExtras: the extras' statistics too (HasExtras), from the first pass (the
+// exact pass of a dominated row redoes only the sum).
+template <typename T, bool kVec, bool kOpt, bool kFastSum, bool kExtras = false>
 __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
     WarpRowKernel(RowArgs args, int warps_per_row) {
   constexpr int R = PiecesPerThread<T, kVec>();
@@ -145,6 +162,7 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
       c = MakeCoefficients(args, row, false, MeanScales{});
     }
     RowStats stats = IdentityStats();
+    ExtraStats extra = IdentityExtras();
     while (row < args.rows) {
       int64_t next_row = row;
       int next_t = t + group.size;
@@ -156,8 +174,11 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
       if (next_row < args.rows)
         next.Load(logits_of(next_row), vocab, lane + next_t * kTileVecs, 32);
       view.first = lane + t * kTileVecs;
-      stats = Combine(stats, TileStats<HalfTile, kHalf, kOpt, kFastSum>(
-                                 current, view, c.target, smoothing));
+      ExtraStats tile_extra;
+      const RowStats tile_stats =
+          TileStats<HalfTile, kHalf, kOpt, kFastSum, kExtras>(
+              current, view, c.target, smoothing, &tile_extra);
+      Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
       if (next_row != row) {
         RowStats total =
             GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
@@ -168,8 +189,11 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
                   lane + group.rank * kTileVecs, group.size * kTileVecs),
               group, slots, parity);
         }
-        FinishRow(args, row, c, total, writer, scan);
+        const RowStats extras = WarpRowExtras<kExtras>(stats, extra, total.max,
+                                                       group, slots, parity);
+        FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
         stats = IdentityStats();
+        extra = IdentityExtras();
         if (next_row < args.rows)
           c = MakeCoefficients(args, next_row, false, MeanScales{});
       }
@@ -184,12 +208,16 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
       const T* logits_row = logits_of(row);
       RowCoefficients c = MakeCoefficients(args, row, false, MeanScales{});
       RowStats stats = IdentityStats();
+      ExtraStats extra = IdentityExtras();
       for (int first = first0; first < vecs; first += step) {
         TileT tile;
         view.first = first;
         tile.Load(logits_row, vocab, first, 32);
-        stats = Combine(stats, TileStats<TileT, R, kOpt, kFastSum>(
-                                   tile, view, c.target, smoothing));
+        ExtraStats tile_extra;
+        const RowStats tile_stats =
+            TileStats<TileT, R, kOpt, kFastSum, kExtras>(
+                tile, view, c.target, smoothing, &tile_extra);
+        Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
       }
       RowStats total =
           GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
@@ -199,7 +227,9 @@ __global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
                                               smoothing, first0, step),
             group, slots, parity);
       }
-      FinishRow(args, row, c, total, writer, scan);
+      const RowStats extras =
+          WarpRowExtras<kExtras>(stats, extra, total.max, group, slots, parity);
+      FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
     }
   }
 }
@@ -230,8 +260,11 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
   const bool fast_sum = tuning.fast_sum == 0
                             ? sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab
                             : tuning.fast_sum == 2;
-  auto kernel = fast_sum ? WarpRowKernel<T, kVec, kOpt, true>
-                         : WarpRowKernel<T, kVec, kOpt, false>;
+  // The extras' kernel always takes the fast sum (one instantiation a type
+  // pair; a dominated row's exact pass keeps the sum exact).
+  auto kernel = HasExtras(args) ? WarpRowKernel<T, kVec, kOpt, true, true>
+                : fast_sum      ? WarpRowKernel<T, kVec, kOpt, true>
+                                : WarpRowKernel<T, kVec, kOpt, false>;
   int per_sm = 0;
   cudaError_t error =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);

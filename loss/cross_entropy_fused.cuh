@@ -175,19 +175,40 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
 // One row in one exponential a logit (TileStatsKeepExp): statistics into
 // `kept`, the exact redo where the max dominates, the loss, and the gradient
 // from the kept exponentials.
-template <typename G, typename TileT, typename KeptT, int R, bool kOpt>
+// The row's reduced extras (PackExtras) from a thread's partials, once the
+// row's max is known: a second reduction of the row.
+template <bool kExtras>
+__device__ __forceinline__ RowStats
+ReduceExtras(const RowStats& thread, const ExtraStats& extra, float row_max,
+             RowShared& shared, int cluster_size, int& parity) {
+  if constexpr (kExtras) {
+    return ReduceRow<false>(PackExtras(thread, extra, row_max), shared,
+                            cluster_size, parity);
+  } else {
+    return RowStats{};
+  }
+}
+
+// kExtras: the extras too (outputs only: a row with entropy_weight keeps its
+// logits and takes the exact pass).
+template <typename G, typename TileT, typename KeptT, int R, bool kOpt,
+          bool kExtras>
 __device__ __forceinline__ void RowFromKeptExp(
     const RowArgs& args, int64_t row, const TileT& tile, KeptT& kept,
     const RowView& view, RowCoefficients& c, bool smoothing, RowShared& shared,
     int cluster_size, int& parity, bool writer, ScanState& scan) {
-  ExpTileStats part =
-      TileStatsKeepExp<TileT, R, kOpt>(tile, view, c.target, smoothing, kept);
+  ExtraStats extra;
+  ExpTileStats part = TileStatsKeepExp<TileT, R, kOpt, kExtras>(
+      tile, view, c.target, smoothing, kept, &extra);
   RowStats total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
   if (RowNeedsExactPass(total)) {
     part.stats.rest = ExactRestFromExp<KeptT, R>(kept, part.ref);
     total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
   }
-  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  const RowStats extras = ReduceExtras<kExtras>(part.stats, extra, total.max,
+                                                shared, cluster_size, parity);
+  const GradCoefficients gc =
+      FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
   TileGradFromExp<G, KeptT, R, kOpt>(kept, view, part.ref, grad_row, gc, c,
                                      total.target_logit);
@@ -195,15 +216,20 @@ __device__ __forceinline__ void RowFromKeptExp(
 
 // One row in the exact pass: the statistics of `tile`, the loss and (kGrad)
 // the gradient, with a second exponential a logit.
-template <typename G, typename TileT, int R, bool kGrad, bool kOpt>
+template <typename G, typename TileT, int R, bool kGrad, bool kOpt,
+          bool kExtras>
 __device__ __forceinline__ void RowFromExactPass(
     const RowArgs& args, int64_t row, const TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
     int& parity, bool writer, ScanState& scan) {
-  const RowStats total = ReduceRow<kOpt>(
-      TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing), shared,
-      cluster_size, parity);
-  const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+  ExtraStats extra;
+  const RowStats part = TileStats<TileT, R, kOpt, false, kExtras>(
+      tile, view, c.target, smoothing, &extra);
+  const RowStats total = ReduceRow<kOpt>(part, shared, cluster_size, parity);
+  const RowStats extras = ReduceExtras<kExtras>(part, extra, total.max, shared,
+                                                cluster_size, parity);
+  const GradCoefficients gc =
+      FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
   if constexpr (kGrad) {
     G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
     TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
@@ -214,7 +240,7 @@ __device__ __forceinline__ void RowFromExactPass(
 // statistics, loss and gradient from the registers. Vectorized rows without
 // a soft cap take one exponential a logit (RowFromKeptExp).
 template <typename G, typename TileT, int R, bool kGrad, bool kOpt,
-          bool kSoftcap>
+          bool kSoftcap, bool kExtras>
 __device__ __forceinline__ void RowFromRegisters(
     const RowArgs& args, int64_t row, TileT& tile, const RowView& view,
     RowCoefficients& c, bool smoothing, RowShared& shared, int cluster_size,
@@ -228,12 +254,12 @@ __device__ __forceinline__ void RowFromRegisters(
   // spill it by kilobytes.)
   if constexpr (kGrad && TileT::kW > 1 && !kSoftcap) {
     if constexpr (!k16BitVec) {
-      RowFromKeptExp<G, TileT, TileT, R, kOpt>(args, row, tile, tile, view, c,
-                                               smoothing, shared, cluster_size,
-                                               parity, writer, scan);
+      RowFromKeptExp<G, TileT, TileT, R, kOpt, kExtras>(
+          args, row, tile, tile, view, c, smoothing, shared, cluster_size,
+          parity, writer, scan);
     } else {
       FloatTileT kept;
-      RowFromKeptExp<G, TileT, FloatTileT, R, kOpt>(
+      RowFromKeptExp<G, TileT, FloatTileT, R, kOpt, kExtras>(
           args, row, tile, kept, view, c, smoothing, shared, cluster_size,
           parity, writer, scan);
     }
@@ -244,20 +270,21 @@ __device__ __forceinline__ void RowFromRegisters(
   if constexpr (kGrad && kOpt && k16BitVec) {
     FloatTileT floats;
     floats.Fill(tile, view);
-    RowFromExactPass<G, FloatTileT, R, kGrad, kOpt>(
+    RowFromExactPass<G, FloatTileT, R, kGrad, kOpt, kExtras>(
         args, row, floats, view, c, smoothing, shared, cluster_size, parity,
         writer, scan);
   } else {
-    RowFromExactPass<G, TileT, R, kGrad, kOpt>(args, row, tile, view, c,
-                                               smoothing, shared, cluster_size,
-                                               parity, writer, scan);
+    RowFromExactPass<G, TileT, R, kGrad, kOpt, kExtras>(
+        args, row, tile, view, c, smoothing, shared, cluster_size, parity,
+        writer, scan);
   }
 }
 
 // Rows longer than the cluster's registers hold: tiles of each are read for the
 // statistics, then again for the gradient (the last one still in registers).
 // (RowKernel's kRowsTiled mode.)
-template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt>
+template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt,
+          bool kExtras>
 __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
                                               RowShared& shared,
                                               int cluster_size, int tiles,
@@ -275,14 +302,20 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
     RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
     TileT tile;
     RowStats stats = IdentityStats();
+    ExtraStats extra = IdentityExtras();
     for (int t = 0; t < tiles; ++t) {
       view.first = t * tile_pieces + first0;
       tile.Load(logits_row, view.vocab, view.first, view.stride);
-      stats = Combine(
-          stats, TileStats<TileT, R, kOpt>(tile, view, c.target, smoothing));
+      ExtraStats tile_extra;
+      const RowStats tile_stats = TileStats<TileT, R, kOpt, false, kExtras>(
+          tile, view, c.target, smoothing, &tile_extra);
+      Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
     }
     const RowStats total = ReduceRow<kOpt>(stats, shared, cluster_size, parity);
-    const GradCoefficients gc = FinishRow(args, row, c, total, writer, scan);
+    const RowStats extras = ReduceExtras<kExtras>(stats, extra, total.max,
+                                                  shared, cluster_size, parity);
+    const GradCoefficients gc =
+        FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
     if constexpr (kGrad) {
       G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
       // Tiles are revisited last-first so that the tile still in registers
@@ -308,10 +341,11 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
 // so that no mode's registers weigh on another's.
 enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 
-// kSoftcap (vectorized kOpt kernels only): the soft cap is on, so the row
-// keeps its logits and takes the exact pass (RowFromRegisters).
+// kSoftcap (vectorized kOpt kernels only): the soft cap or the entropy's
+// gradient is on, so the row keeps its logits and takes the exact pass
+// (RowFromRegisters). kExtras: the extras' statistics too (HasExtras).
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
-          int kMode, bool kSoftcap = false>
+          int kMode, bool kSoftcap = false, bool kExtras = false>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2,
               bool mbarrier_exchange) {
@@ -365,14 +399,14 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       prefetch_row(row + 2 * clusters);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
       view.first = first0;
-      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap, kExtras>(
           args, row, current, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
       current = next;
     }
   } else if constexpr (kMode == kRowsTiled) {
-    MultiTileRows<T, G, TileT, R, kGrad, kOpt>(args, view, shared, cluster_size,
-                                               tiles, rank, scan);
+    MultiTileRows<T, G, TileT, R, kGrad, kOpt, kExtras>(
+        args, view, shared, cluster_size, tiles, rank, scan);
   } else {
     for (int64_t row = cluster_id; row < args.rows; row += clusters) {
       const T* logits_row = logits_of(row);
@@ -381,7 +415,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       view.first = first0;
       tile.Load(logits_row, view.vocab, view.first, stride);
       prefetch_row(row + clusters);
-      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap>(
+      RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap, kExtras>(
           args, row, tile, view, c, smoothing, shared, cluster_size, parity,
           rank == 0 && threadIdx.x == 0, scan);
     }
@@ -419,7 +453,7 @@ inline RowLaunch ChooseRowLaunch(int64_t vecs, int per_thread,
 }
 
 template <typename T, typename G, bool kVec, bool kGrad, bool kOpt,
-          bool kSoftcap>
+          bool kSoftcap, bool kExtras>
 cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
                               int num_sms, cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
@@ -428,8 +462,9 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
   // The prefetching variant holds two tiles of half as many pieces: the same
   // registers for two rows. On the H200 it pays for fp32 rows that one CTA
   // holds, and loses where it would double the cluster or for 16-bit logits
-  // (bench/RESULTS.md). KernelChoice::kCluster keeps the other kernel.
-  constexpr bool kCanPrefetch = kVec && kGrad && sizeof(T) == 4;
+  // (bench/RESULTS.md). KernelChoice::kCluster keeps the other kernel. The
+  // extras keep to the other kernel (fewer instantiations).
+  constexpr bool kCanPrefetch = kVec && kGrad && sizeof(T) == 4 && !kExtras;
   constexpr int kPrefetchR = R / 2;
   const RowLaunch prefetch_launch =
       ChooseRowLaunch(vecs, kPrefetchR, DeviceMajor() >= 9);
@@ -440,11 +475,12 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
   const RowLaunch launch =
       prefetch ? prefetch_launch : ChooseRowLaunch(vecs, R, DeviceMajor() >= 9);
   auto kernel = prefetch ? RowKernel < T, G, kCanPrefetch ? kPrefetchR : R,
-       kVec, kGrad, kOpt, kCanPrefetch ? kRowsPrefetch : kRowsOneTile,
-       kSoftcap >
+       kVec, kGrad, kOpt, kCanPrefetch ? kRowsPrefetch : kRowsOneTile, kSoftcap,
+       kExtras >
       : launch.tiles > 1
-        ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled>
-        : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile, kSoftcap>;
+        ? RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsTiled, false, kExtras>
+        : RowKernel<T, G, R, kVec, kGrad, kOpt, kRowsOneTile, kSoftcap,
+                    kExtras>;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(launch.threads);
   config.stream = stream;
@@ -490,18 +526,29 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
 }
 
 // The fused kernel for (T, G) rows, with the soft-capped variant where the cap
-// is on.
+// (or the entropy's gradient) is on, and the extras' variants where they are
+// asked for.
+template <typename T, typename G, bool kVec, bool kOpt, bool kExtras>
+cudaError_t LaunchFusedRowKernelOf(const RowArgs& args,
+                                   const LaunchTuning& tuning, int num_sms,
+                                   cudaStream_t stream) {
+  if constexpr (kVec && kOpt) {
+    if (args.softcap > 0.0f || args.entropy_weight != 0.0f)
+      return LaunchRowKernelOf<T, G, kVec, true, kOpt, true, kExtras>(
+          args, tuning, num_sms, stream);
+  }
+  return LaunchRowKernelOf<T, G, kVec, true, kOpt, false, kExtras>(
+      args, tuning, num_sms, stream);
+}
+
 template <typename T, typename G, bool kVec, bool kOpt>
 cudaError_t LaunchFusedRowKernel(const RowArgs& args,
                                  const LaunchTuning& tuning, int num_sms,
                                  cudaStream_t stream) {
-  if constexpr (kVec && kOpt) {
-    if (args.softcap > 0.0f)
-      return LaunchRowKernelOf<T, G, kVec, true, kOpt, true>(args, tuning,
-                                                             num_sms, stream);
-  }
-  return LaunchRowKernelOf<T, G, kVec, true, kOpt, false>(args, tuning, num_sms,
-                                                          stream);
+  return HasExtras(args) ? LaunchFusedRowKernelOf<T, G, kVec, kOpt, true>(
+                               args, tuning, num_sms, stream)
+                         : LaunchFusedRowKernelOf<T, G, kVec, kOpt, false>(
+                               args, tuning, num_sms, stream);
 }
 
 // LaunchFusedRowKernel where the rows' (logits, gradient) types are one of

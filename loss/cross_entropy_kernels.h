@@ -41,6 +41,7 @@ struct RowArgs {
   float z_loss = 0.0f;
   float softcap = 0.0f;
   const float* class_weights = nullptr;  // [vocab] or null
+  float entropy_weight = 0.0f;           // -entropy_weight * H in the loss
   int reduction = kMean;
   // Denominators of the mean (device memory, from the target scan); used when
   // kMean.
@@ -52,6 +53,17 @@ struct RowArgs {
   // denominators when kMean (so the loss is the plain sum of row_loss).
   float* row_loss = nullptr;  // [rows]
   float* lse = nullptr;       // [rows] or null
+  // Extras (loss/cross_entropy.h), null when not asked for. predicted[i]:
+  // the row's argmax (ties: the lowest index), i64 or i32. entropy[i]: H of
+  // the row (0 when ignored); an input of the backward, which needs it when
+  // entropy_weight != 0. target_logprob[i]: z_t - lse (0 when ignored).
+  // row_hit[i]: w[t] / ce_denominator when predicted[i] == t on a counted row,
+  // else 0 (the accuracy is their sum).
+  void* predicted = nullptr;  // [rows]
+  bool predicted_i64 = true;
+  float* entropy = nullptr;         // [rows]
+  float* target_logprob = nullptr;  // [rows]
+  float* row_hit = nullptr;         // [rows]
   // Gradient (null: forward only) [rows, vocab] with row stride grad_stride
   // elements of grad_type. It may alias the logits when each grad row starts
   // where its logits row does.
@@ -64,6 +76,14 @@ struct RowArgs {
   // griddepcontrol.wait.
   bool follows_scan = false;
 };
+
+// Whether a forward pass computes the extras' statistics (argmax and the
+// entropy sum), which the kernels compile out otherwise.
+inline bool HasExtras(const RowArgs& args) {
+  return args.predicted != nullptr || args.entropy != nullptr ||
+         args.target_logprob != nullptr || args.row_hit != nullptr ||
+         args.entropy_weight != 0.0f;
+}
 
 }  // namespace ce
 }  // namespace lossrt

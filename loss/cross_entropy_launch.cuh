@@ -109,12 +109,14 @@ cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// Whether the rows need the option kernels (kOpt): a soft cap or label
-// smoothing, which touch every logit. Class weights alone only weigh each
-// row's target and the mean's denominator (RowCoefficients, the target scan),
-// which every kernel does, so they keep the plain kernels.
+// Whether the rows need the option kernels (kOpt): a soft cap, label
+// smoothing or the entropy's gradient, which touch every logit. Class weights
+// alone only weigh each row's target and the mean's denominator
+// (RowCoefficients, the target scan), which every kernel does, so they keep the
+// plain kernels.
 inline bool HasOptions(const RowArgs& args) {
-  return args.softcap > 0.0f || args.label_smoothing > 0.0f;
+  return args.softcap > 0.0f || args.label_smoothing > 0.0f ||
+         args.entropy_weight != 0.0f;
 }
 
 // Calls launch(TypeTag<T>, TypeTag<G>, kVec, kOpt) (the last two as

@@ -46,6 +46,10 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
   result.lse.assign(tokens, 0.0);
   result.max_logit.assign(tokens, 0.0);
   result.scaled_loss.assign(tokens, 0.0);
+  result.predicted.assign(tokens, 0);
+  result.entropy.assign(tokens, 0.0);
+  result.target_logprob.assign(tokens, 0.0);
+  double hits = 0.0;
   if (with_grad) {
     result.grad.assign(tokens * vocab, 0.0);
     result.grad_softmax_part.assign(tokens * vocab, 0.0);
@@ -59,17 +63,28 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
     for (int64_t j = 0; j < vocab; ++j)
       max = std::fmax(max, z[j]);  // NaN reaches the sum
     double sum = 0.0;
+    // sum_j e_j (z_j - max), e_j = exp(z_j - max): H = log S - that / S, a
+    // difference of two terms >= 0.
+    double centered = 0.0;
     if (max != -inf) {
-      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(z[j] - max);
+      for (int64_t j = 0; j < vocab; ++j) {
+        const double e = std::exp(z[j] - max);
+        sum += e;
+        if (e > 0) centered += e * (z[j] - max);
+      }
     }
     const double log_sum = std::log(sum);
     const double lse = max + log_sum;
+    const double entropy = log_sum - centered / sum;
     result.lse[i] = lse;
     result.max_logit[i] = max;
+    result.predicted[i] = std::find(z.begin(), z.end(), max) - z.begin();
+    if (result.predicted[i] == vocab) result.predicted[i] = 0;  // NaN row
 
     const int64_t t = targets[i];
     if (t == options.ignore_index) continue;
     if (!is_counted(t)) {
+      result.entropy[i] = result.target_logprob[i] = nan;
       result.token_loss[i] = result.scaled_loss[i] = nan;
       if (with_grad) {
         std::fill_n(result.grad.begin() + i * vocab, vocab, nan);
@@ -79,6 +94,9 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
     }
     // lse - z_t, written so that a near-certain token's loss keeps its digits.
     const double nll = (max - z[t]) + log_sum;
+    result.entropy[i] = entropy;
+    result.target_logprob[i] = -nll;
+    if (result.predicted[i] == t) hits += weight(t);
     double ce = (1.0 - s) * weight(t) * nll;
     if (s > 0) {
       double smooth = 0.0;
@@ -86,7 +104,9 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
         smooth += weight(j) * ((max - z[j]) + log_sum);
       ce += s / vocab * smooth;
     }
-    const double zl = options.z_loss > 0 ? options.z_loss * lse * lse : 0.0;
+    double zl = options.z_loss > 0 ? options.z_loss * lse * lse : 0.0;
+    // The entropy term is scaled as the z-loss part (by the count).
+    zl -= options.entropy_weight * entropy;
     result.token_loss[i] = ce + zl;
     result.scaled_loss[i] = ce * ce_scale + zl * z_scale;
     const double g = grad_loss.empty()       ? 1.0
@@ -111,14 +131,22 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
       // z_loss lse p_j
       const double p_minus_onehot =
           j == t ? std::expm1((z[j] - shift) - log_part) : p;
+      // d(-e H) / d z_j = e p_j (z_j - (lse - H)), with the lse the gradient
+      // is built from.
+      const double ent_g =
+          options.entropy_weight != 0 && p > 0
+              ? options.entropy_weight * ((z[j] - shift) - log_part + entropy)
+              : 0.0;
       double dz =
           ce_scale * ((1.0 - s) * weight(t) * p_minus_onehot +
                       s / vocab * (result.weight_total * p - weight(j))) +
-          z_scale * zl_g * p;
-      double dz_softmax = (ce_scale * ((1.0 - s) * weight(t) +
-                                       s / vocab * result.weight_total) +
-                           z_scale * zl_g) *
-                          p;
+          z_scale * (zl_g + ent_g) * p;
+      double dz_softmax =
+          (ce_scale *
+               ((1.0 - s) * weight(t) + s / vocab * result.weight_total) +
+           z_scale *
+               (zl_g + std::fabs(ent_g) + std::fabs(options.entropy_weight))) *
+          p;
       if (cap > 0) {
         const double th = std::tanh(x[j] / cap);
         dz *= 1.0 - th * th;  // d(cap tanh(x / cap)) / dx
@@ -129,6 +157,8 @@ ReferenceResult CrossEntropyReference(const std::vector<double>& logits,
     }
   }
   for (int64_t i = 0; i < tokens; ++i) result.loss += result.scaled_loss[i];
+  result.accuracy =
+      result.ce_denominator > 0 ? hits / result.ce_denominator : 0.0;
   return result;
 }
 

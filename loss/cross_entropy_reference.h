@@ -2,7 +2,8 @@
 // (loss/cross_entropy.h), for tests: simple loops, no vectorization, no
 // cleverness beyond expm1 for p_t - 1. It takes the logits as doubles (already
 // rounded to the dtype under test) and returns the per-token loss and lse, the
-// reduced loss, and the gradient of the (grad_loss-weighted) loss.
+// reduced loss, the gradient of the (grad_loss-weighted) loss, and the extras
+// (predicted token, accuracy, entropy, target log-probability).
 //
 //   lossrt::reference::ReferenceOptions options;
 //   options.label_smoothing = 0.1;
@@ -27,6 +28,7 @@ struct ReferenceOptions {
   double label_smoothing = 0.0;
   double z_loss = 0.0;
   double softcap = 0.0;               // 0 = off
+  double entropy_weight = 0.0;        // -entropy_weight * H in the loss
   std::vector<double> class_weights;  // [vocab], or empty for none
 };
 
@@ -48,6 +50,13 @@ struct ReferenceResult {
   double ce_denominator = 0.0;  // sum of w[t] over counted tokens
   double z_denominator = 0.0;   // number of counted tokens
   double weight_total = 0.0;    // sum_j w[j] (vocab without weights)
+  // The extras: argmax_j z_ij (lowest index of the max, every token), the
+  // entropy H_i and z_t - lse (0 for ignored tokens, NaN for a target out of
+  // range), and the weighted accuracy over counted tokens (0 without any).
+  std::vector<int64_t> predicted;      // [tokens]
+  std::vector<double> entropy;         // [tokens]
+  std::vector<double> target_logprob;  // [tokens]
+  double accuracy = 0.0;
   // d objective / d logits, when asked for: 0 on ignored rows, NaN on rows
   // whose target is out of range.
   std::vector<double> grad;  // [tokens, vocab]

@@ -81,6 +81,69 @@ __device__ __forceinline__ RowStats IdentityStats() {
   return RowStats{NegInf(), -1.0f, 0.0f, 0.0f};
 }
 
+// The extras' partial statistics of a thread (kExtras kernels only), relative
+// to its RowStats::max: the entropy's sum_j e_j (z_j - max), e_j = exp(z_j -
+// max), and the index of its first logit equal to the max (kNoIndex: none).
+// Kept apart from RowStats, whose 16 bytes the cluster exchange moves.
+struct ExtraStats {
+  float centered;
+  int argmax;
+};
+
+constexpr int kNoIndex = 0x7fffffff;
+
+__device__ __forceinline__ ExtraStats IdentityExtras() {
+  return ExtraStats{0.0f, kNoIndex};
+}
+
+// A partial's centered sum moved to the max m >= stats.max:
+// e^{max - m} (centered + (max - m) S), S = rest + 1.
+__device__ __forceinline__ float CenteredAt(const RowStats& stats,
+                                            float centered, float m) {
+  if (stats.max == NegInf()) return 0.0f;
+  const float d = stats.max - m;
+  if (d == 0.0f) return centered;
+  return __expf(d) * (centered + d * (stats.rest + 1.0f));
+}
+
+// The merge of two partials of one thread's elements (call before Combine of
+// their RowStats).
+__device__ __forceinline__ ExtraStats CombineExtras(const RowStats& a,
+                                                    const ExtraStats& ea,
+                                                    const RowStats& b,
+                                                    const ExtraStats& eb) {
+  const float m = fmaxf(a.max, b.max);
+  ExtraStats out;
+  out.centered = CenteredAt(a, ea.centered, m) + CenteredAt(b, eb.centered, m);
+  out.argmax = a.max == b.max  ? min(ea.argmax, eb.argmax)
+               : a.max > b.max ? ea.argmax
+                               : eb.argmax;
+  return out;
+}
+
+// The row's extras reduce through the RowStats reductions (WarpReduce,
+// ReduceRow, GroupCombine, the cluster exchange) once the row's max m is
+// known: `max` carries the argmax as a key that fmaxf orders (a normal
+// positive float whose bits fall as the index rises; 0 for a thread without
+// the row's max), `target_logit` (a plain sum) the centered sum at m.
+constexpr int kIndexKeyBase = 0x00800000 + (1 << 30);
+
+__device__ __forceinline__ RowStats PackExtras(const RowStats& thread,
+                                               const ExtraStats& extra,
+                                               float row_max) {
+  RowStats packed{0.0f, -1.0f, CenteredAt(thread, extra.centered, row_max),
+                  0.0f};
+  if (thread.max == row_max && extra.argmax != kNoIndex)
+    packed.max = __int_as_float(kIndexKeyBase - extra.argmax);
+  return packed;
+}
+
+// The row's argmax from its reduced PackExtras (0 when no logit equals the
+// max: a NaN row).
+__device__ __forceinline__ int UnpackArgmax(const RowStats& packed) {
+  return packed.max > 0.0f ? kIndexKeyBase - __float_as_int(packed.max) : 0;
+}
+
 // Online-softmax merge with one exponential: the side with the smaller max is
 // scaled. Symmetric to the bit (so butterfly reductions give every lane the
 // same value).
@@ -268,6 +331,8 @@ __device__ __forceinline__ float WeightTotal(const RowArgs& args) {
 // shift) - log_sum) with shift = max and log_sum = log1p(rest) in the fused
 // pass (exact for huge logits, where lse = max + log_sum would round), or shift
 // = saved lse and log_sum = 0 in the backward.
+// With entropy_weight (kOpt kernels), dz_j += ent_coef * p_j * (d_j + H),
+// d_j = (z_j - shift) - log_sum = z_j - lse.
 struct GradCoefficients {
   float coef;
   float target_coef;
@@ -275,6 +340,8 @@ struct GradCoefficients {
   float inv_cap;  // 1 / softcap, 0 when off
   float shift;
   float log_sum;
+  float ent_coef;  // incoming grad * entropy_weight / count; 0 when off
+  float entropy;   // H of the row
 };
 
 __device__ __forceinline__ GradCoefficients
@@ -291,6 +358,8 @@ MakeGradCoefficients(const RowArgs& args, const RowCoefficients& c, float lse,
   g.coef = g.target_coef + g.smooth_w * weight_total +
            (args.z_loss > 0.0f ? 2.0f * c.z_scale * args.z_loss * lse : 0.0f);
   g.inv_cap = args.softcap > 0.0f ? 1.0f / args.softcap : 0.0f;
+  g.ent_coef = 0.0f;
+  g.entropy = 0.0f;
   return g;
 }
 
@@ -299,7 +368,14 @@ __device__ __forceinline__ GradCoefficients
 SavedGradCoefficients(const RowArgs& args, int64_t row,
                       const RowCoefficients& c, float weight_total) {
   const float lse = args.lse[row];
-  return MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+  GradCoefficients g =
+      MakeGradCoefficients(args, c, lse, weight_total, lse, 0.0f);
+  if (args.entropy_weight != 0.0f && c.valid_target) {
+    // The entropy of a statistics pass run before (the saved lse lacks it).
+    g.ent_coef = c.z_scale * args.entropy_weight;
+    g.entropy = args.entropy[row];
+  }
+  return g;
 }
 
 // Writes the row's loss (scaled for the mean) and lse; one thread per row calls
@@ -308,7 +384,8 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
                                              const RowCoefficients& c,
                                              const RowStats& total, float lse,
                                              float weight_total,
-                                             const MeanScales& mean) {
+                                             const MeanScales& mean,
+                                             float entropy = 0.0f) {
   float loss = 0.0f;
   if (!c.ignored) {
     if (!c.valid_target) {
@@ -322,12 +399,44 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
           (1.0f - s) * c.target_weight * nll +
           (s > 0.0f ? s / args.vocab * (weight_total * lse - total.weighted_sum)
                     : 0.0f);
-      const float zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0f;
+      float zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0f;
+      // The entropy term is scaled as the z-loss part (by the count).
+      if (args.entropy_weight != 0.0f) zl -= args.entropy_weight * entropy;
       loss = ce * mean.ce_inv + zl * mean.z_inv;
     }
   }
   args.row_loss[row] = loss;
   if (args.lse != nullptr) args.lse[row] = lse;
+}
+
+// Writes the row's extras (one thread a row): predicted, entropy, target
+// log-probability and the accuracy's term. The scan's results are loaded.
+__device__ __forceinline__ void WriteRowExtras(const RowArgs& args, int64_t row,
+                                               const RowCoefficients& c,
+                                               const RowStats& total,
+                                               int argmax, float entropy) {
+  if (args.predicted != nullptr) {
+    if (args.predicted_i64) {
+      static_cast<int64_t*>(args.predicted)[row] = argmax;
+    } else {
+      static_cast<int32_t*>(args.predicted)[row] = argmax;
+    }
+  }
+  const float fill = c.ignored ? 0.0f : QuietNaN();
+  if (args.entropy != nullptr)
+    args.entropy[row] = c.valid_target ? entropy : fill;
+  if (args.target_logprob != nullptr) {
+    args.target_logprob[row] =
+        c.valid_target
+            ? -((total.max - total.target_logit) + log1pf(total.rest))
+            : fill;
+  }
+  if (args.row_hit != nullptr) {
+    const double den = args.stats->ce_denominator;
+    args.row_hit[row] = c.valid_target && argmax == c.target && den > 0
+                            ? c.target_weight * static_cast<float>(1.0 / den)
+                            : 0.0f;
+  }
 }
 
 // Unpacks one 16-byte piece to floats and applies the soft cap. The piece was

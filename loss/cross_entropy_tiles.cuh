@@ -239,18 +239,22 @@ __device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
 // exact. kKeep also writes each exponential to `kept` (over its own logit for
 // fp32 tiles, kept == &tile), for a gradient of one multiply a logit. kCap
 // applies the soft cap; kSmooth with `smoothing` adds the label-smoothing sum
-// of w_j * z_j over the tile to `weighted_sum`.
+// of w_j * z_j over the tile to `weighted_sum`. kExtras also takes the extras'
+// statistics relative to ref (the thread's max) into `extra`.
 template <int R, bool kKeep, bool kCap = false, bool kSmooth = false,
-          typename TileT, typename KeptT = TileT>
+          bool kExtras = false, typename TileT, typename KeptT = TileT>
 __device__ __forceinline__ float TileExpSum(const TileT& tile,
                                             const RowView& view, float ref,
                                             KeptT* kept = nullptr,
                                             bool smoothing = false,
-                                            float* weighted_sum = nullptr) {
+                                            float* weighted_sum = nullptr,
+                                            ExtraStats* extra = nullptr) {
   constexpr int kW = TileT::kW;
   const float softcap = kCap ? view.softcap : 0.0f;
   const float inv_cap = kCap ? view.inv_cap : 0.0f;
   float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float centered_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kExtras
+  int argmax = kNoIndex;                              // kExtras
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
@@ -260,10 +264,23 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
       AddWeightedSum<kW>(x, base, view.vocab, view.weights, *weighted_sum);
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
-      x[j] = FastExp2((x[j] - ref) * kLog2e);
+      const float d = x[j] - ref;
+      if constexpr (kExtras)
+        argmax = d == 0.0f ? min(argmax, base + j) : argmax;
+      x[j] = FastExp2(d * kLog2e);
       sum_part[(r * kW + j) % 4] += x[j];
+      // d clamped to the lowest float: a -inf logit (or padding), whose e is
+      // 0, adds 0 rather than 0 * -inf.
+      if constexpr (kExtras) {
+        centered_part[(r * kW + j) % 4] += x[j] * fmaxf(d, -3.402823466e38f);
+      }
     }
     if constexpr (kKeep) kept->Store(r, x);
+  }
+  if constexpr (kExtras) {
+    extra->centered += (centered_part[0] + centered_part[1]) +
+                       (centered_part[2] + centered_part[3]);
+    extra->argmax = min(extra->argmax, argmax);
   }
   return (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]);
 }
@@ -275,10 +292,14 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
 // are compiled out of the common case.
 // kFastSum: the exponential sum without a tie test a logit; rows whose max
 // dominates then need the exact pass (RowNeedsExactPass).
-template <typename TileT, int R, bool kOpt, bool kFastSum = false>
+// kExtras: the extras' statistics of the tile go to `extra` (IdentityExtras
+// for a tile of only -inf).
+template <typename TileT, int R, bool kOpt, bool kFastSum = false,
+          bool kExtras = false>
 __device__ __forceinline__ RowStats TileStats(const TileT& tile,
                                               const RowView& view,
-                                              int64_t target, bool smoothing) {
+                                              int64_t target, bool smoothing,
+                                              ExtraStats* extra = nullptr) {
   constexpr int kW = TileT::kW;
   const float softcap = kOpt ? view.softcap : 0.0f;
   const float inv_cap = kOpt ? view.inv_cap : 0.0f;
@@ -320,8 +341,13 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   // kFastSum: the sum with the max's own exact 1 in it, one exponential and
   // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
   // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
+  if constexpr (kExtras) *extra = IdentityExtras();
+  float centered_part[kParts] = {0.0f, 0.0f, 0.0f, 0.0f};  // kExtras
   if (kFastSum) {
-    s.rest = TileExpSum<R, false, kOpt>(tile, view, ExpReference(s.max)) - 1.0f;
+    s.rest = TileExpSum<R, false, kOpt, false, kExtras>(
+                 tile, view, ExpReference(s.max), static_cast<TileT*>(nullptr),
+                 false, nullptr, extra) -
+             1.0f;
   } else if (s.max != NegInf()) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -334,8 +360,19 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       for (int j = 0; j < kW; ++j) {
         const bool tie = x[j] == s.max;
         ties += tie ? 1.0f : 0.0f;
-        sum_part[(r * kW + j) % kParts] +=
-            tie ? 0.0f : FastExp2((x[j] - s.max) * kLog2e);
+        if constexpr (kExtras) {
+          // The ties' terms are 1 * 0. d clamped: a -inf logit adds 0 * -max.
+          const int base = (view.first + r * view.stride) * kW;
+          const float d = x[j] - s.max;
+          const float e = tie ? 0.0f : FastExp2(d * kLog2e);
+          sum_part[(r * kW + j) % kParts] += e;
+          if (tie) extra->argmax = min(extra->argmax, base + j);
+          centered_part[(r * kW + j) % kParts] +=
+              e * fmaxf(d, -3.402823466e38f);
+        } else {
+          sum_part[(r * kW + j) % kParts] +=
+              tie ? 0.0f : FastExp2((x[j] - s.max) * kLog2e);
+        }
       }
     }
   } else {
@@ -365,6 +402,10 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
     }
     if (smoothing)
       AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
+  }
+  if constexpr (kExtras && !kFastSum) {
+    extra->centered = (centered_part[0] + centered_part[1]) +
+                      (centered_part[2] + centered_part[3]);
   }
   if (!kFastSum) {
     const float others =
@@ -407,6 +448,8 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   const float inv_cap = kOpt ? view.inv_cap : 0.0f;
   const float* weights = kOpt ? view.weights : nullptr;
   const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
+  // The entropy's gradient (kOpt kernels): p_j (d_j + H) times ent_coef.
+  const float ent_coef = kOpt ? gc.ent_coef : 0.0f;
   const int target_in_row = TargetInRow(c.target, view.vocab);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -418,9 +461,15 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
     for (int j = 0; j < kW; ++j) {
       // The argument is formed before the scaling by log2(e): exact for the
       // large p.
-      g[j] = gc.coef * FastExp2(((x[j] - gc.shift) - gc.log_sum) * kLog2e);
-      if (kOpt)
+      const float d = (x[j] - gc.shift) - gc.log_sum;
+      const float p = FastExp2(d * kLog2e);
+      g[j] = gc.coef * p;
+      if (kOpt) {
         g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
+        // (0, not 0 * -inf, where p is 0)
+        if (ent_coef != 0.0f && p > 0.0f)
+          g[j] += ent_coef * p * (d + gc.entropy);
+      }
     }
     if (static_cast<unsigned>(target_in_row - base) <
         static_cast<unsigned>(kW)) {
@@ -429,9 +478,11 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         if (base + j == target_in_row) {
-          g[j] = gc.coef * expm1f((x[j] - gc.shift) - gc.log_sum) +
-                 (gc.coef - gc.target_coef) -
+          const float d = (x[j] - gc.shift) - gc.log_sum;
+          g[j] = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
                  smooth_w * SmoothingWeight(weights, base + j, view.vocab);
+          if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)
+            g[j] += ent_coef * __expf(d) * (d + gc.entropy);
         }
       }
     }
@@ -497,13 +548,13 @@ struct FloatTile {
 // The tile's statistics, its e written to `kept` (which may be the fp32 tile
 // itself: piece r is read before it is overwritten). kOpt: class weights or
 // label smoothing may be on, a soft cap may not (its gradient needs the capped
-// logits, which the kept e replace).
-template <typename TileT, int R, bool kOpt, typename KeptT>
-__device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
-                                                         const RowView& view,
-                                                         int64_t target,
-                                                         bool smoothing,
-                                                         KeptT& kept) {
+// logits, which the kept e replace; so does the entropy's). kExtras: the
+// extras' statistics to `extra`.
+template <typename TileT, int R, bool kOpt, bool kExtras = false,
+          typename KeptT>
+__device__ __forceinline__ ExpTileStats
+TileStatsKeepExp(const TileT& tile, const RowView& view, int64_t target,
+                 bool smoothing, KeptT& kept, ExtraStats* extra = nullptr) {
   constexpr int kW = TileT::kW;
   static_assert(KeptT::kW == kW, "kept pieces match the tile's");
   float max_part[4] = {NegInf(), NegInf(), NegInf(), NegInf()};
@@ -540,10 +591,11 @@ __device__ __forceinline__ ExpTileStats TileStatsKeepExp(const TileT& tile,
   out.stats.target_logit = target_logit;
   out.ref = out.stats.max;
   float weighted_sum = 0.0f;
-  out.stats.rest =
-      TileExpSum<R, true, false, kOpt>(tile, view, ExpReference(out.stats.max),
-                                       &kept, smoothing, &weighted_sum) -
-      1.0f;
+  if constexpr (kExtras) *extra = IdentityExtras();
+  out.stats.rest = TileExpSum<R, true, false, kOpt, kExtras>(
+                       tile, view, ExpReference(out.stats.max), &kept,
+                       smoothing, &weighted_sum, extra) -
+                   1.0f;
   out.stats.weighted_sum = weighted_sum;
   return out;
 }
@@ -637,9 +689,12 @@ struct ScanState {
   bool loaded = false;
 };
 
-__device__ __forceinline__ GradCoefficients
-FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
-          const RowStats& total, bool writer, ScanState& scan) {
+// kExtras: `extras` is the row's reduced PackExtras; the extras are written
+// and the entropy's gradient set up.
+template <bool kExtras = false>
+__device__ __forceinline__ GradCoefficients FinishRow(
+    const RowArgs& args, int64_t row, RowCoefficients& c, const RowStats& total,
+    bool writer, ScanState& scan, const RowStats& extras = RowStats{}) {
   if (!scan.loaded) {
     scan.results = LoadScanResults(args);
     scan.loaded = true;
@@ -649,8 +704,31 @@ FinishRow(const RowArgs& args, int64_t row, RowCoefficients& c,
   c.z_scale *= r.mean.z_inv;
   const float log_sum = log1pf(total.rest);
   const float lse = total.max + log_sum;
-  if (writer) WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean);
-  return MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
+  // H = log S - centered / S: two terms >= 0.
+  const float entropy =
+      kExtras ? log_sum - extras.target_logit / (total.rest + 1.0f) : 0.0f;
+  if (writer) {
+    WriteRowLoss(args, row, c, total, lse, r.weight_total, r.mean, entropy);
+    if constexpr (kExtras)
+      WriteRowExtras(args, row, c, total, UnpackArgmax(extras), entropy);
+  }
+  GradCoefficients gc =
+      MakeGradCoefficients(args, c, lse, r.weight_total, total.max, log_sum);
+  if (kExtras && args.entropy_weight != 0.0f && c.valid_target) {
+    gc.ent_coef = c.z_scale * args.entropy_weight;
+    gc.entropy = entropy;
+  }
+  return gc;
+}
+
+// Adds a tile's statistics (and, kExtras, its extras) to a thread's running
+// ones; the tile's elements come after the running ones'.
+template <bool kExtras>
+__device__ __forceinline__ void Accumulate(RowStats& stats, ExtraStats& extra,
+                                           const RowStats& tile,
+                                           const ExtraStats& tile_extra) {
+  if constexpr (kExtras) extra = CombineExtras(stats, extra, tile, tile_extra);
+  stats = Combine(stats, tile);
 }
 
 }  // namespace ce

@@ -25,6 +25,7 @@ void CopyOptions(const CrossEntropyOptions& options, Args* args) {
   args->label_smoothing = options.label_smoothing;
   args->z_loss = options.z_loss;
   args->softcap = options.softcap;
+  args->entropy_weight = options.entropy_weight;
   args->class_weights = options.class_weights.has_value()
                             ? options.class_weights->data_as<const float>()
                             : nullptr;

@@ -219,6 +219,7 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.stats_offset = fixed.Add(sizeof(ce::TargetStats));
   plan.row_loss_offset =
       fixed.AddIf(in.pass != Pass::kBackward && !in.reduction_none, 4 * n);
+  plan.row_hit_offset = fixed.AddIf(in.accuracy, 4 * n);
   plan.lse_offset = fixed.AddIf(
       !in.lse_given && !token_chunks && in.pass == Pass::kForwardBackward,
       4 * n);
@@ -268,9 +269,10 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.logits_bytes = 4 * logits_floats;
   const int64_t fixed_begin = RoundUp(plan.logits_bytes, kAlignment);
   for (int64_t* offset :
-       {&plan.stats_offset, &plan.row_loss_offset, &plan.lse_offset,
-        &plan.grad_scale_offset, &plan.bias_offset, &plan.ones_offset,
-        &plan.d_bias_acc_offset, &plan.d_weight_acc_offset}) {
+       {&plan.stats_offset, &plan.row_loss_offset, &plan.row_hit_offset,
+        &plan.lse_offset, &plan.grad_scale_offset, &plan.bias_offset,
+        &plan.ones_offset, &plan.d_bias_acc_offset,
+        &plan.d_weight_acc_offset}) {
     if (*offset >= 0) *offset += fixed_begin;
   }
   plan.block_bytes = fixed_begin + fixed.size();
@@ -356,7 +358,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
                            input.max_workspace_bytes);
   }
   std::vector<LinearCrossEntropySchedule> schedules;
-  if (input.pass == Pass::kForward || input.tokens == 0) {
+  if (input.pass == Pass::kForward || input.tokens == 0 ||
+      input.entropy_gradient) {
     schedules = {LinearCrossEntropySchedule::kTokenChunks};
   } else if (input.schedule == LinearCrossEntropySchedule::kAuto) {
     schedules = {LinearCrossEntropySchedule::kTokenChunks,
@@ -464,7 +467,28 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
   // A captured stream records no second stream (nor its events).
   in.overlap_streams = options.overlap_streams && !problem.capturing;
   in.schedule = options.schedule;
+  in.accuracy =
+      problem.extras != nullptr && problem.extras->accuracy.has_value();
+  in.entropy_gradient = options.cross_entropy.entropy_weight != 0.0f &&
+                        problem.pass == Pass::kForwardBackward;
   return in;
+}
+
+void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
+                    ce::RowArgs& args) {
+  const CrossEntropyExtras* extras = problem.extras;
+  if (extras == nullptr) return;
+  if (extras->predicted.has_value()) {
+    const Tensor& predicted = *extras->predicted;
+    args.predicted_i64 = predicted.dtype == DType::kI64;
+    args.predicted =
+        static_cast<char*>(predicted.data) + row * (args.predicted_i64 ? 8 : 4);
+  }
+  if (extras->accuracy.has_value()) args.row_hit = row_hit + row;
+  if (extras->entropy.has_value())
+    args.entropy = extras->entropy->data_as<float>() + row;
+  if (extras->target_logprob.has_value())
+    args.target_logprob = extras->target_logprob->data_as<float>() + row;
 }
 
 float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
@@ -567,11 +591,25 @@ absl::Status CheckOutputs(const Context& context, const Problem& problem) {
   }
   if (problem.gradients != nullptr)
     RETURN_IF_ERROR(CheckGradients(context, problem));
+  const CrossEntropyOptions& ce = problem.options->cross_entropy;
+  if (ce.entropy_weight != 0.0f) {
+    // A vocabulary slice's gradient would need the rows' entropy.
+    if (problem.pass == Pass::kBackward) {
+      return InvalidArgument(
+          "entropy_weight != 0: LinearCrossEntropyBackward cannot take the "
+          "entropy's gradient; use LinearCrossEntropyForwardBackward");
+    }
+    if (problem.pass == Pass::kForwardBackward &&
+        problem.options->schedule == LinearCrossEntropySchedule::kTwoPass) {
+      return InvalidArgument(
+          "entropy_weight != 0 needs the token-chunk schedule, not kTwoPass");
+    }
+  }
   return absl::OkStatus();
 }
 
 // Outputs may overlap neither an input nor each other.
-absl::Status CheckNoOverlap(const Problem& problem) {
+absl::Status CheckNoOverlap(const Context& context, const Problem& problem) {
   using Named = std::pair<const Tensor*, const char*>;
   const LinearCrossEntropyInputs& in = *problem.inputs;
   const CrossEntropyOptions& ce = problem.options->cross_entropy;
@@ -595,6 +633,15 @@ absl::Status CheckNoOverlap(const Problem& problem) {
       outputs.push_back({&*problem.gradients->d_bias, "d_bias"});
     }
   }
+  if (problem.extras != nullptr) {
+    std::vector<ce::NamedTensor> others;
+    for (const Named& named : inputs)
+      others.push_back({named.first, named.second});
+    for (const Named& named : outputs)
+      others.push_back({named.first, named.second});
+    RETURN_IF_ERROR(
+        ce::CheckExtras(*problem.extras, problem.tokens, context, others));
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (const Named& input : inputs) {
       if (Overlaps(*outputs[i].first, *input.first)) {
@@ -616,7 +663,7 @@ absl::Status CheckNoOverlap(const Problem& problem) {
 absl::Status Run(Context& context, Problem& problem) {
   RETURN_IF_ERROR(CheckInputs(context, problem));
   RETURN_IF_ERROR(CheckOutputs(context, problem));
-  RETURN_IF_ERROR(CheckNoOverlap(problem));
+  RETURN_IF_ERROR(CheckNoOverlap(context, problem));
 #ifdef LOSSRT_WITH_CUDA
   if (context.device().is_cuda()) {
     ASSIGN_OR_RETURN(problem.capturing, StreamIsCapturing(context));
@@ -658,8 +705,10 @@ absl::Status Run(Context& context, Problem& problem) {
 absl::Status LinearCrossEntropyForward(Context& context,
                                        const LinearCrossEntropyInputs& inputs,
                                        const LinearCrossEntropyOptions& options,
-                                       const Tensor& loss, const Tensor* lse) {
+                                       const Tensor& loss, const Tensor* lse,
+                                       const CrossEntropyExtras* extras) {
   lce::Problem problem;
+  problem.extras = extras;
   problem.pass = lce::Pass::kForward;
   problem.inputs = &inputs;
   problem.options = &options;
@@ -672,8 +721,9 @@ absl::Status LinearCrossEntropyForwardBackward(
     Context& context, const LinearCrossEntropyInputs& inputs,
     const LinearCrossEntropyOptions& options, const Tensor& loss,
     const Tensor* lse, const LinearCrossEntropyGradients& gradients,
-    const Tensor* grad_loss) {
+    const Tensor* grad_loss, const CrossEntropyExtras* extras) {
   lce::Problem problem;
+  problem.extras = extras;
   problem.pass = lce::Pass::kForwardBackward;
   problem.inputs = &inputs;
   problem.options = &options;

@@ -16,7 +16,12 @@
 //
 // The loss and its options are exactly those of CrossEntropyForward on the full
 // logits (loss/cross_entropy.h), with logits[i, v] = sum_h hidden[i, h] *
-// weight[v, h] + bias[v].
+// weight[v, h] + bias[v]; so are the extras (CrossEntropyExtras: predicted
+// token, accuracy, entropy, target log-probability), computed chunk by chunk
+// with the loss (the accuracy reduced over all chunks). With entropy_weight !=
+// 0, LinearCrossEntropyForwardBackward runs the token-chunk schedule (kTwoPass
+// is refused) and LinearCrossEntropyBackward is refused (InvalidArgument: its
+// chunks would need the per-token entropy); the forward takes any schedule.
 //
 // Tensors: hidden [N, H] and weight [V, H] of one dtype, f32, bf16 or f16 (rows
 // may be strided); bias [V] f32 or the weight's dtype; targets i64 or i32 [N];
@@ -115,11 +120,10 @@ struct LinearCrossEntropyGradients {
 // Loss only (evaluation), and the per-token lse when `lse` is given (the split
 // forward saves it for LinearCrossEntropyBackward). One pass of logits GEMMs,
 // no gradients.
-absl::Status LinearCrossEntropyForward(Context& context,
-                                       const LinearCrossEntropyInputs& inputs,
-                                       const LinearCrossEntropyOptions& options,
-                                       const Tensor& loss,
-                                       const Tensor* lse = nullptr);
+absl::Status LinearCrossEntropyForward(
+    Context& context, const LinearCrossEntropyInputs& inputs,
+    const LinearCrossEntropyOptions& options, const Tensor& loss,
+    const Tensor* lse = nullptr, const CrossEntropyExtras* extras = nullptr);
 
 // The training path: loss (and lse if given) and all gradients in one call.
 // `grad_loss` (optional) scales the gradients as in LinearCrossEntropyBackward.
@@ -127,7 +131,8 @@ absl::Status LinearCrossEntropyForwardBackward(
     Context& context, const LinearCrossEntropyInputs& inputs,
     const LinearCrossEntropyOptions& options, const Tensor& loss,
     const Tensor* lse, const LinearCrossEntropyGradients& gradients,
-    const Tensor* grad_loss = nullptr);
+    const Tensor* grad_loss = nullptr,
+    const CrossEntropyExtras* extras = nullptr);
 
 // The split backward: gradients from the lse saved by LinearCrossEntropyForward
 // and the incoming gradient of the loss (f32 [] for mean/sum, [N] for none);

@@ -144,6 +144,7 @@ class CpuBackend final : public Backend {
   float* logits_ = nullptr;
   ce::TargetStats* stats_ = nullptr;
   float* row_loss_ = nullptr;
+  float* row_hit_ = nullptr;  // [N] the accuracy's terms, or null
   float* lse_ = nullptr;
   const float* bias_ = nullptr;
   float* d_weight_acc_ = nullptr;
@@ -185,6 +186,7 @@ absl::Status CpuBackend::Begin() {
   logits_ = At<float>(plan_.logits_offset);
   stats_ = At<ce::TargetStats>(plan_.stats_offset);
   row_loss_ = At<float>(plan_.row_loss_offset);
+  row_hit_ = At<float>(plan_.row_hit_offset);
   d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
@@ -265,6 +267,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row : nullptr;
   if (block.mode != CeMode::kBackward) {
+    SetChunkExtras(problem_, row, row_hit_, args);
     args.row_loss = ce_.reduction == Reduction::kNone
                         ? problem_.loss->data_as<float>() + row
                         : row_loss_ + row;
@@ -384,6 +387,10 @@ absl::Status CpuBackend::End() {
   if (problem_.pass != Pass::kBackward && ce_.reduction != Reduction::kNone) {
     *problem_.loss->data_as<float>() =
         static_cast<float>(ce::SumRowsCpu(row_loss_, n));
+  }
+  if (row_hit_ != nullptr) {
+    problem_.extras->accuracy->data_as<float>()[0] =
+        static_cast<float>(ce::SumRowsCpu(row_hit_, n));
   }
   if (n == 0 && g != nullptr) {
     const int64_t element = DTypeSize(g->d_weight.dtype);

@@ -124,6 +124,7 @@ class CudaBackend final : public Backend {
   float* logits_ = nullptr;  // [rows, ld] fp32 (the buffer)
   ce::TargetStats* stats_ = nullptr;
   float* row_loss_ = nullptr;      // [N]
+  float* row_hit_ = nullptr;       // [N] the accuracy's terms, or null
   float* lse_ = nullptr;           // [N] or null
   const float* bias_ = nullptr;    // [V] fp32 or null
   const void* ones_ = nullptr;     // [N] operand dtype
@@ -150,6 +151,7 @@ absl::Status CudaBackend::Begin() {
   logits_ = At<float>(plan_.logits_offset);
   stats_ = At<ce::TargetStats>(plan_.stats_offset);
   row_loss_ = At<float>(plan_.row_loss_offset);
+  row_hit_ = At<float>(plan_.row_hit_offset);
   d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
@@ -344,6 +346,7 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
   if (block.mode != CeMode::kBackward) {
+    SetChunkExtras(problem_, row_begin, row_hit_, args);
     args.row_loss = ce_.reduction == Reduction::kNone
                         ? problem_.loss->data_as<float>() + row_begin
                         : row_loss_ + row_begin;
@@ -455,6 +458,10 @@ absl::Status CudaBackend::ZeroOutputs() {
     CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(problem_.loss->data, 0, sizeof(float), main_));
   }
+  if (problem_.extras != nullptr && problem_.extras->accuracy.has_value()) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(problem_.extras->accuracy->data, 0,
+                                         sizeof(float), main_));
+  }
   if (problem_.gradients != nullptr) {
     const Tensor& d_weight = problem_.gradients->d_weight;
     const int64_t element = DTypeSize(d_weight.dtype);
@@ -475,6 +482,11 @@ absl::Status CudaBackend::End() {
   if (problem_.pass != Pass::kBackward && ce_.reduction != Reduction::kNone) {
     CUDA_RETURN_IF_ERROR(ce::LaunchSumRows(
         row_loss_, problem_.tokens, problem_.loss->data_as<float>(), main_));
+  }
+  if (row_hit_ != nullptr) {
+    CUDA_RETURN_IF_ERROR(
+        ce::LaunchSumRows(row_hit_, problem_.tokens,
+                          problem_.extras->accuracy->data_as<float>(), main_));
   }
   if (d_weight_acc_ != nullptr) {
     // The one rounding of the fp32 d_weight to the caller's dtype.

@@ -49,6 +49,7 @@ struct Problem {
   const Tensor* lse = nullptr;   // output (forward, fused) or input (backward)
   const Tensor* grad_loss = nullptr;  // optional (fused), required (backward)
   const LinearCrossEntropyGradients* gradients = nullptr;  // fused, backward
+  const CrossEntropyExtras* extras = nullptr;  // optional (forward, fused)
   // The context's stream is being captured into a CUDA graph: one stream, no
   // wait for it (the target scan's verdict goes to the context's deferred
   // error count).
@@ -80,6 +81,9 @@ struct PlanInput {
   bool use_tf32 = false;
   bool overlap_streams = true;
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
+  bool accuracy = false;  // the accuracy's per-token terms need [N] floats
+  // The entropy's gradient: the fused pass keeps to token chunks.
+  bool entropy_gradient = false;
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
@@ -110,6 +114,7 @@ struct Plan {
       -1;                    // fp32 [V] when token chunks write a 16-bit d_bias
   int64_t bias_offset = -1;  // fp32 [V] copy of a 16-bit bias
   int64_t row_loss_offset = -1;  // fp32 [N] per-token losses (mean, sum)
+  int64_t row_hit_offset = -1;   // fp32 [N] the accuracy's per-token terms
   int64_t lse_offset = -1;  // fp32 [N] when the caller's lse cannot hold it
   int64_t grad_scale_offset =
       -1;  // fp32 [1] or [N]: scaled incoming gradient (f16 dlogits)
@@ -178,6 +183,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
                                                          const Plan& plan,
                                                          Context& context);
 #endif
+
+// Points the cross-entropy arguments of a block of full rows from `row` at
+// the call's extras (problem.extras, offset by `row`); `row_hit` is the plan's
+// [N] array of the accuracy's terms (row_hit_offset) or null.
+void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
+                    ce::RowArgs& args);
 
 // Power-of-two factor by which 16-bit f16 dlogits are scaled to stay clear of
 // underflow (the mean divides them by up to N): 1 for bf16 and f32, and for

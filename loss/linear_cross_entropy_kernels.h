@@ -46,6 +46,9 @@ struct SliceArgs {
   float label_smoothing = 0.0f;
   float z_loss = 0.0f;
   float softcap = 0.0f;
+  // Copied with the options; the driver refuses entropy_weight != 0 where a
+  // slice would need it (the two-pass schedule, the split backward).
+  float entropy_weight = 0.0f;
   const float* class_weights =
       nullptr;  // [vocab] (the whole vocabulary) or null
   int reduction = ce::kMean;

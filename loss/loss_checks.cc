@@ -78,11 +78,68 @@ absl::Status CheckCrossEntropyOptions(const CrossEntropyOptions& options,
     return InvalidArgument("softcap must be finite and >= 0 (0 = off), got ",
                            options.softcap);
   }
+  if (!std::isfinite(options.entropy_weight)) {
+    return InvalidArgument("entropy_weight must be finite, got ",
+                           options.entropy_weight);
+  }
   if (options.class_weights.has_value()) {
     const Tensor& weights = *options.class_weights;
     RETURN_IF_ERROR(CheckDType(weights, {DType::kF32}, "class_weights"));
     RETURN_IF_ERROR(CheckShape(weights, {vocab}, "class_weights"));
     RETURN_IF_ERROR(CheckOnContext(weights, context, "class_weights"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> NamedExtras(const CrossEntropyExtras& extras) {
+  std::vector<NamedTensor> named;
+  if (extras.predicted.has_value())
+    named.push_back({&*extras.predicted, "predicted"});
+  if (extras.accuracy.has_value())
+    named.push_back({&*extras.accuracy, "accuracy"});
+  if (extras.entropy.has_value())
+    named.push_back({&*extras.entropy, "entropy"});
+  if (extras.target_logprob.has_value())
+    named.push_back({&*extras.target_logprob, "target_logprob"});
+  return named;
+}
+
+absl::Status CheckExtras(const CrossEntropyExtras& extras, int64_t tokens,
+                         const Context& context,
+                         const std::vector<NamedTensor>& others) {
+  if (extras.predicted.has_value()) {
+    const Tensor& predicted = *extras.predicted;
+    RETURN_IF_ERROR(
+        CheckDType(predicted, {DType::kI64, DType::kI32}, "predicted"));
+    RETURN_IF_ERROR(CheckShape(predicted, {tokens}, "predicted"));
+  }
+  if (extras.accuracy.has_value()) {
+    const Tensor& accuracy = *extras.accuracy;
+    RETURN_IF_ERROR(CheckDType(accuracy, {DType::kF32}, "accuracy"));
+    if (accuracy.numel() != 1 || accuracy.rank() > 1) {
+      return InvalidArgument("accuracy: expected a scalar ([] or [1]), got ",
+                             accuracy.ShapeString());
+    }
+  }
+  for (const std::optional<Tensor>* per_token :
+       {&extras.entropy, &extras.target_logprob}) {
+    if (!per_token->has_value()) continue;
+    const char* name =
+        per_token == &extras.entropy ? "entropy" : "target_logprob";
+    RETURN_IF_ERROR(CheckDType(**per_token, {DType::kF32}, name));
+    RETURN_IF_ERROR(CheckShape(**per_token, {tokens}, name));
+  }
+  const std::vector<NamedTensor> named = NamedExtras(extras);
+  for (size_t i = 0; i < named.size(); ++i) {
+    RETURN_IF_ERROR(CheckOnContext(*named[i].tensor, context, named[i].name));
+    for (const NamedTensor& other : others) {
+      if (other.tensor != nullptr && Overlaps(*named[i].tensor, *other.tensor))
+        return InvalidArgument(named[i].name, " overlaps ", other.name);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(*named[i].tensor, *named[j].tensor))
+        return InvalidArgument(named[i].name, " overlaps ", named[j].name);
+    }
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #define LOSSRT_LOSS_LOSS_CHECKS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -53,10 +54,28 @@ absl::Status CheckLseTensor(const Tensor& tensor, int64_t tokens,
                             const Context& context);
 
 // The options' values (label_smoothing in [0, 1), z_loss and softcap finite
-// and >= 0) and the class weights' tensor (f32 [vocab] on the context). Their
-// values (>= 0) are checked by the target scan: CheckTargetStats.
+// and >= 0, entropy_weight finite) and the class weights' tensor (f32 [vocab]
+// on the context). Their values (>= 0) are checked by the target scan:
+// CheckTargetStats.
 absl::Status CheckCrossEntropyOptions(const CrossEntropyOptions& options,
                                       int64_t vocab, const Context& context);
+
+// A tensor and the name its messages give it.
+struct NamedTensor {
+  const Tensor* tensor;
+  const char* name;
+};
+
+// The extras' tensors: predicted i32 or i64 [tokens], accuracy f32 [] or
+// [1], entropy and target_logprob f32 [tokens], each on the context; none
+// overlapping another extra or any of `others` (the call's inputs and outputs;
+// null tensors are skipped).
+absl::Status CheckExtras(const CrossEntropyExtras& extras, int64_t tokens,
+                         const Context& context,
+                         const std::vector<NamedTensor>& others);
+
+// The extras' tensors that are given, named, for overlap checks.
+std::vector<NamedTensor> NamedExtras(const CrossEntropyExtras& extras);
 
 // Whether a call needs the target scan's verdict: the targets are validated,
 // or class weights are given (their signs are always checked).
