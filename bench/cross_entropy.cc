@@ -59,6 +59,12 @@ ABSL_FLAG(float, label_smoothing, 0.0f,
           "their options path)");
 ABSL_FLAG(float, softcap, 0.0f, "soft cap of every timed call (0: off)");
 ABSL_FLAG(float, z_loss, 0.0f, "z-loss scale of every timed call (0: off)");
+ABSL_FLAG(std::string, extras, "",
+          "extras of the forward and fused calls (CrossEntropyExtras), a "
+          "comma-separated subset of predicted,accuracy,entropy,logprob; "
+          "empty: none");
+ABSL_FLAG(float, entropy_weight, 0.0f,
+          "entropy_weight of every timed call (0: off)");
 ABSL_FLAG(bool, class_weights, false,
           "random class weights in [0.5, 1.5] on every timed call");
 ABSL_FLAG(int, ignore_every, 0,
@@ -439,6 +445,24 @@ absl::Status Run() {
   options.label_smoothing = absl::GetFlag(FLAGS_label_smoothing);
   options.softcap = absl::GetFlag(FLAGS_softcap);
   options.z_loss = absl::GetFlag(FLAGS_z_loss);
+  options.entropy_weight = absl::GetFlag(FLAGS_entropy_weight);
+  bool want_predicted = false, want_accuracy = false, want_entropy = false,
+       want_logprob = false;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_extras), ',', absl::SkipEmpty())) {
+    if (name == "predicted") {
+      want_predicted = true;
+    } else if (name == "accuracy") {
+      want_accuracy = true;
+    } else if (name == "entropy") {
+      want_entropy = true;
+    } else if (name == "logprob") {
+      want_logprob = true;
+    } else {
+      return InvalidArgument("--extras: unknown extra '", name,
+                             "' (predicted, accuracy, entropy, logprob)");
+    }
+  }
   const int ignore_every = absl::GetFlag(FLAGS_ignore_every);
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(
@@ -486,6 +510,33 @@ absl::Status Run() {
                        EmptyTensor(context->allocator(), DType::kF32, {}));
       RETURN_IF_ERROR(
           FillUniform(grad_loss.view, ++seed, 0.5f, 1.5f, *context));
+      // The extras' outputs (--extras): null when none is asked for.
+      OwnedTensor predicted, accuracy, entropy, logprob;
+      CrossEntropyExtras extras;
+      if (want_predicted) {
+        ASSIGN_OR_RETURN(predicted, EmptyTensor(context->allocator(),
+                                                DType::kI32, {tokens}));
+        extras.predicted = predicted.view;
+      }
+      if (want_accuracy) {
+        ASSIGN_OR_RETURN(accuracy,
+                         EmptyTensor(context->allocator(), DType::kF32, {}));
+        extras.accuracy = accuracy.view;
+      }
+      if (want_entropy) {
+        ASSIGN_OR_RETURN(
+            entropy, EmptyTensor(context->allocator(), DType::kF32, {tokens}));
+        extras.entropy = entropy.view;
+      }
+      if (want_logprob) {
+        ASSIGN_OR_RETURN(
+            logprob, EmptyTensor(context->allocator(), DType::kF32, {tokens}));
+        extras.target_logprob = logprob.view;
+      }
+      const CrossEntropyExtras* extras_arg =
+          want_predicted || want_accuracy || want_entropy || want_logprob
+              ? &extras
+              : nullptr;
       RETURN_IF_ERROR(
           context->ReserveWorkspace(CrossEntropyWorkspaceBytes(tokens, vocab)));
       const double bytes_read =
@@ -511,7 +562,7 @@ absl::Status Run() {
            [&](int i) {
              return CrossEntropyForward(*context, logits[i % kSets].view,
                                         targets.view, options, loss.view,
-                                        &lse.view);
+                                        &lse.view, extras_arg);
            }},
           {"backward", 2 * bytes_read,
            [&](int i) {
@@ -523,7 +574,7 @@ absl::Status Run() {
            [&](int i) {
              return CrossEntropyForwardBackward(
                  *context, logits[i % kSets].view, targets.view, options,
-                 loss.view, &lse.view, grad.view);
+                 loss.view, &lse.view, grad.view, nullptr, extras_arg);
            }},
       };
       for (Op& op : ops) {
@@ -606,13 +657,15 @@ absl::Status Run() {
           "\"GBps\": %.1f, \"hbm_peak_GBps\": %.1f, \"copy_GBps\": %.1f, "
           "\"validate_targets\": %s, \"label_smoothing\": %g, "
           "\"softcap\": %g, \"z_loss\": %g, \"class_weights\": %s, "
-          "\"ignore_every\": %d, \"read_ceiling_us\": %.2f, "
+          "\"ignore_every\": %d, \"extras\": \"%s\", \"entropy_weight\": %g, "
+          "\"read_ceiling_us\": %.2f, "
           "\"copy_ceiling_us\": %.2f, \"%s\": %.1f}\n",
           device_name, tokens, row.vocab, row.dtype, row.op, row.us, rate / 1e9,
           hbm_peak / 1e9, copy_rate / 1e9,
           options.validate_targets ? "true" : "false", options.label_smoothing,
           options.softcap, options.z_loss,
           absl::GetFlag(FLAGS_class_weights) ? "true" : "false", ignore_every,
+          absl::GetFlag(FLAGS_extras), options.entropy_weight,
           row.ceilings.read_us, row.ceilings.copy_us,
           reads_only ? "read_ceiling_pct" : "copy_ceiling_pct", ceiling_pct);
     }

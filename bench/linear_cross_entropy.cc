@@ -67,6 +67,11 @@ ABSL_FLAG(bool, validate_targets, true,
 ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
+ABSL_FLAG(std::string, extras, "",
+          "extras of the fused calls (CrossEntropyExtras), a comma-separated "
+          "subset of predicted,accuracy,entropy,logprob; empty: none");
+ABSL_FLAG(float, entropy_weight, 0.0f,
+          "entropy_weight of the fused calls (0: off)");
 
 namespace lossrt {
 namespace {
@@ -119,10 +124,42 @@ std::string Num(double value) { return absl::StrFormat("%.6g", value); }
 // The problem's tensors on a context's device.
 struct Tensors {
   OwnedTensor hidden, weight, targets, loss, d_hidden, d_weight, d_weight_bf16;
+  // The outputs --extras asks for.
+  OwnedTensor predicted, accuracy, entropy, logprob;
+  CrossEntropyExtras extras;
+  bool has_extras = false;
   LinearCrossEntropyInputs Inputs() const {
     return {hidden.view, weight.view, std::nullopt, targets.view};
   }
+  const CrossEntropyExtras* Extras() const {
+    return has_extras ? &extras : nullptr;
+  }
 };
+
+// The extras that --extras names, allocated for N tokens.
+absl::Status MakeExtras(Allocator& a, int64_t n, Tensors& t) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_extras), ',', absl::SkipEmpty())) {
+    if (name == "predicted") {
+      ASSIGN_OR_RETURN(t.predicted, EmptyTensor(a, DType::kI32, {n}));
+      t.extras.predicted = t.predicted.view;
+    } else if (name == "accuracy") {
+      ASSIGN_OR_RETURN(t.accuracy, EmptyTensor(a, DType::kF32, {}));
+      t.extras.accuracy = t.accuracy.view;
+    } else if (name == "entropy") {
+      ASSIGN_OR_RETURN(t.entropy, EmptyTensor(a, DType::kF32, {n}));
+      t.extras.entropy = t.entropy.view;
+    } else if (name == "logprob") {
+      ASSIGN_OR_RETURN(t.logprob, EmptyTensor(a, DType::kF32, {n}));
+      t.extras.target_logprob = t.logprob.view;
+    } else {
+      return InvalidArgument("--extras: unknown extra '", name,
+                             "' (predicted, accuracy, entropy, logprob)");
+    }
+    t.has_extras = true;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Tensors> MakeTensors(Context& context, const Shape3& s,
                                     uint64_t seed) {
@@ -135,6 +172,7 @@ absl::StatusOr<Tensors> MakeTensors(Context& context, const Shape3& s,
   ASSIGN_OR_RETURN(t.d_hidden, EmptyTensor(a, DType::kBF16, {s.n, s.h}));
   ASSIGN_OR_RETURN(t.d_weight, EmptyTensor(a, DType::kF32, {s.v, s.h}));
   ASSIGN_OR_RETURN(t.d_weight_bf16, EmptyTensor(a, DType::kBF16, {s.v, s.h}));
+  RETURN_IF_ERROR(MakeExtras(a, s.n, t));
   // As in the peers' harness: hidden ~ 0.5 N(0, 1), weight ~ N(0, 1/H).
   RETURN_IF_ERROR(FillNormal(t.hidden.view, seed, 0.0f, 0.5f, context));
   RETURN_IF_ERROR(FillNormal(t.weight.view, seed + 1, 0.0f,
@@ -181,6 +219,8 @@ absl::Status RunCpu() {
     for (int64_t budget : {int64_t{1} << 30, int64_t{4} * kMiB}) {
       LinearCrossEntropyOptions options;
       options.max_workspace_bytes = budget;
+      options.cross_entropy.entropy_weight =
+          absl::GetFlag(FLAGS_entropy_weight);
       const LinearCrossEntropyGradients grads{t.d_hidden.view, t.d_weight.view,
                                               std::nullopt};
       std::vector<double> times;
@@ -193,7 +233,8 @@ absl::Status RunCpu() {
         context->allocator().ResetPeak();
         const auto start = std::chrono::steady_clock::now();
         RETURN_IF_ERROR(LinearCrossEntropyForwardBackward(
-            *context, t.Inputs(), options, t.loss.view, nullptr, grads));
+            *context, t.Inputs(), options, t.loss.view, nullptr, grads, nullptr,
+            t.Extras()));
         const double ms = std::chrono::duration<double, std::milli>(
                               std::chrono::steady_clock::now() - start)
                               .count();
@@ -443,13 +484,14 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
   options.cross_entropy.validate_targets =
       absl::GetFlag(FLAGS_validate_targets);
+  options.cross_entropy.entropy_weight = absl::GetFlag(FLAGS_entropy_weight);
   auto fused = [&](int64_t budget, const Tensor& d_weight) {
     return [&, budget, d_weight]() -> absl::Status {
       LinearCrossEntropyOptions o = options;
       o.max_workspace_bytes = budget;
       return LinearCrossEntropyForwardBackward(
           context, t.Inputs(), o, t.loss.view, nullptr,
-          {t.d_hidden.view, d_weight, std::nullopt});
+          {t.d_hidden.view, d_weight, std::nullopt}, nullptr, t.Extras());
     };
   };
   const int64_t default_budget =
