@@ -1,8 +1,9 @@
 // train_lm: trains a small GPT-style language model end to end — reads a text
 // corpus (Debian's fortunes by default) or llm.c token shards, trains or loads
 // a byte-level BPE tokenizer, trains with AdamW and the fused linear
-// cross-entropy head, evaluates on a held-out split, writes safetensors
-// checkpoints that resume exactly, and samples text.
+// cross-entropy head, evaluates on a held-out split (loss and next-token
+// accuracy, from the head's one pass), writes safetensors checkpoints that
+// resume exactly, and samples text.
 //
 //   ./bazelw run -c opt //examples:train_lm                # the default run
 //   ./bazelw run -c opt //examples:train_lm -- --steps=2000 --device=cuda
@@ -196,11 +197,14 @@ ABSL_FLAG(double, temperature, 0.8, "Sampling temperature (0: greedy).");
 ABSL_FLAG(int32_t, top_k, 40, "Sample from the k likeliest tokens (0: all).");
 ABSL_FLAG(std::string, prompt, "\n", "Text the samples start from.");
 ABSL_FLAG(std::string, metrics, "",
-          "Write JSON lines {step, loss, val_loss, tokens_per_s, train_s, "
-          "eval_s} here, one per progress line and one for the step-0 "
-          "validation (loss, tokens_per_s and train_s null). tokens_per_s and "
-          "train_s count training only, since the previous line; eval_s is "
-          "the time of this line's validation (null: none).");
+          "Write JSON lines {step, loss, val_loss, val_accuracy, "
+          "tokens_per_s, train_s, eval_s} here, one per progress line and one "
+          "for the step-0 validation (loss, tokens_per_s and train_s null). "
+          "val_accuracy is the share of validation tokens whose most likely "
+          "next token is the target, in [0, 1] (null, as val_loss, without a "
+          "validation). tokens_per_s and train_s count training only, since "
+          "the previous line; eval_s is the time of this line's validation "
+          "(null: none).");
 
 namespace lossrt {
 namespace {
@@ -287,13 +291,15 @@ std::string JsonNumber(std::optional<double> value, int digits) {
 // One line of the --metrics file (see the flag's help).
 struct MetricsLine {
   int64_t step = 0;
-  std::optional<double> loss, val_loss, tokens_per_s, train_s, eval_s;
+  std::optional<double> loss, val_loss, val_accuracy, tokens_per_s, train_s,
+      eval_s;
 };
 
 absl::Status WriteMetricsLine(std::ofstream& out, const MetricsLine& line) {
   out << "{\"step\": " << line.step
       << ", \"loss\": " << JsonNumber(line.loss, 6)
       << ", \"val_loss\": " << JsonNumber(line.val_loss, 6)
+      << ", \"val_accuracy\": " << JsonNumber(line.val_accuracy, 6)
       << ", \"tokens_per_s\": " << JsonNumber(line.tokens_per_s, 1)
       << ", \"train_s\": " << JsonNumber(line.train_s, 6)
       << ", \"eval_s\": " << JsonNumber(line.eval_s, 6) << "}\n";
@@ -890,21 +896,28 @@ absl::Status Run() {
     auto seconds_since = [](Clock::time_point start) {
       return std::chrono::duration<double>(Clock::now() - start).count();
     };
-    // The validation loss (none without a validation split, and none on the
-    // ranks other than 0); its time is added to `seconds`. Rank 0 evaluates
-    // each global batch alone, in `ranks` parts of its model's rows: the mean
-    // of the parts' means is the batch's mean (equal parts, every target
-    // counted), as with one rank.
+    // The validation loss and next-token accuracy (none without a
+    // validation split, and none on the ranks other than 0); its time is
+    // added to `seconds`. Rank 0 evaluates each global batch alone, in
+    // `ranks` parts of its model's rows: the mean of the parts' means is the
+    // batch's mean (equal parts, every target counted), as with one rank.
+    // The accuracy is the head's (computed in the loss's pass), averaged over
+    // the parts weighted by their counted tokens.
     std::vector<int32_t> val_inputs, val_targets;  // [batch * seq]
     if (val_batches) {
       val_inputs.resize(int64_t{batch} * seq);
       val_targets.resize(int64_t{batch} * seq);
     }
+    struct Validation {
+      float loss = 0;
+      float accuracy = 0;  // in [0, 1]
+    };
     auto evaluate =
-        [&](double* seconds) -> absl::StatusOr<std::optional<float>> {
-      if (!val_batches) return std::optional<float>();
+        [&](double* seconds) -> absl::StatusOr<std::optional<Validation>> {
+      if (!val_batches) return std::optional<Validation>();
       const auto start = Clock::now();
-      double sum = 0;
+      double sum = 0, hits = 0;
+      int64_t counted = 0;
       for (int64_t k = 0; k < val_batches->num_batches(); ++k) {
         RETURN_IF_ERROR(val_batches->Fill(k, absl::MakeSpan(val_inputs),
                                           absl::MakeSpan(val_targets)));
@@ -913,14 +926,19 @@ absl::Status Run() {
                            graph::RankRows(val_inputs, seq, part, ranks));
           ASSIGN_OR_RETURN(absl::Span<const int32_t> part_targets,
                            graph::RankRows(val_targets, seq, part, ranks));
-          ASSIGN_OR_RETURN(float loss,
-                           trainer->Evaluate(part_inputs, part_targets));
-          sum += static_cast<double>(loss) / ranks;
+          ASSIGN_OR_RETURN(
+              const Trainer::EvalStats stats,
+              trainer->EvaluateWithAccuracy(part_inputs, part_targets));
+          sum += static_cast<double>(stats.loss) / ranks;
+          hits += static_cast<double>(stats.accuracy) * stats.tokens;
+          counted += stats.tokens;
         }
       }
       *seconds += seconds_since(start);
-      return std::optional<float>(
-          static_cast<float>(sum / val_batches->num_batches()));
+      Validation result;
+      result.loss = static_cast<float>(sum / val_batches->num_batches());
+      result.accuracy = counted > 0 ? static_cast<float>(hits / counted) : 0.0f;
+      return std::optional<Validation>(result);
     };
 
     const int keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -994,17 +1012,19 @@ absl::Status Run() {
     // of validations, checkpoints and samples: tokens/s counts training only.
     double train_s = 0, eval_s = 0;
     const auto run_start = Clock::now();
-    std::optional<float> first_val, last_val;
+    std::optional<Validation> first_val, last_val;
     if (!resuming) {
       double seconds = 0;
       ASSIGN_OR_RETURN(first_val, evaluate(&seconds));
       eval_s += seconds;
       if (first_val) {
-        std::printf("step 0: val loss %.4f (eval %s)\n", *first_val,
+        std::printf("step 0: val loss %.4f, accuracy %.2f%% (eval %s)\n",
+                    first_val->loss, 100 * first_val->accuracy,
                     HumanSeconds(seconds).c_str());
         if (metrics.is_open()) {
           MetricsLine line;
-          line.val_loss = *first_val;
+          line.val_loss = first_val->loss;
+          line.val_accuracy = first_val->accuracy;
           line.eval_s = seconds;
           RETURN_IF_ERROR(WriteMetricsLine(metrics, line));
         }
@@ -1046,7 +1066,7 @@ absl::Status Run() {
                                                 step, " (", stats.loss,
                                                 "); try a lower --lr"));
       }
-      std::optional<float> val;
+      std::optional<Validation> val;
       double val_s = 0;
       if (step % eval_interval == 0 || step == last_step) {
         ASSIGN_OR_RETURN(val, evaluate(&val_s));
@@ -1064,7 +1084,10 @@ absl::Status Run() {
           MetricsLine line;
           line.step = step;
           line.loss = stats.loss;
-          line.val_loss = val;
+          if (val) {
+            line.val_loss = val->loss;
+            line.val_accuracy = val->accuracy;
+          }
           line.tokens_per_s = tokens_per_s;
           line.train_s = interval_train_s;
           if (val) line.eval_s = val_s;
@@ -1074,7 +1097,8 @@ absl::Status Run() {
             "step %5d/%d | loss %.4f | val %s | lr %.2e | norm %.2f | "
             "%.1fK tok/s%s | ETA %s | mem %s\n",
             static_cast<int>(step), steps, stats.loss,
-            val ? absl::StrFormat("%.4f (eval %s)", *val, HumanSeconds(val_s))
+            val ? absl::StrFormat("%.4f acc %5.2f%% (eval %s)", val->loss,
+                                  100 * val->accuracy, HumanSeconds(val_s))
                       .c_str()
                 : "   -  ",
             stats.lr, stats.grad_norm, tokens_per_s / 1e3,
@@ -1106,8 +1130,8 @@ absl::Status Run() {
     const double tokens_per_s = tokens_run / std::max(train_s, 1e-9);
     absl::PrintF(
         "done: %d steps%s, %d tokens in %s (training %s, %.1fK tokens/s%s; "
-        "evaluation %s), final train loss %.4f, val loss %s%s, peak memory "
-        "%s\n",
+        "evaluation %s), final train loss %.4f, val loss %s%s, val accuracy "
+        "%s%s, peak memory %s\n",
         steps_run,
         first_step == 1 && last_step == steps
             ? ""
@@ -1127,8 +1151,12 @@ absl::Status Run() {
                       : "")
             : "",
         HumanSeconds(eval_s), last_loss,
-        last_val ? absl::StrFormat("%.4f", *last_val) : "-",
-        first_val ? absl::StrFormat(" (from %.4f at step 0)", *first_val) : "",
+        last_val ? absl::StrFormat("%.4f", last_val->loss) : "-",
+        first_val ? absl::StrFormat(" (from %.4f at step 0)", first_val->loss)
+                  : "",
+        last_val ? absl::StrFormat("%.2f%%", 100 * last_val->accuracy) : "-",
+        first_val ? absl::StrFormat(" (from %.2f%%)", 100 * first_val->accuracy)
+                  : "",
         HumanBytes(context->allocator().peak_bytes()));
     return absl::OkStatus();
   };

@@ -162,6 +162,8 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
       model->output_ = g.Linear(final_hidden, head_weight, std::nullopt);
       break;
   }
+  if (head != GptHead::kLogits)
+    model->accuracy_ = g.HeadAccuracy(model->output_);
   RETURN_IF_ERROR(g.Compile(context));
   return model;
 }

@@ -99,6 +99,9 @@ class Gpt {
   Value targets() const { return targets_; }  // invalid for kLogits
   Value loss() const { return output_; }      // kFusedLoss, kUnfusedLoss
   Value logits() const { return output_; }    // kLogits
+  // The head's next-token accuracy [] f32, written by an evaluation forward
+  // (Graph::HeadAccuracy); invalid for kLogits.
+  Value accuracy() const { return accuracy_; }
   const std::vector<GptParameter>& named_parameters() const {
     return parameters_;
   }
@@ -115,7 +118,7 @@ class Gpt {
   GptConfig config_;
   BatchShape shape_;
   std::unique_ptr<Graph> graph_;
-  Value ids_, targets_, output_;
+  Value ids_, targets_, output_, accuracy_;
   std::vector<GptParameter> parameters_;
 };
 

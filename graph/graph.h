@@ -202,6 +202,14 @@ class Graph {
   // The unfused head's loss: loss [] f32 of full logits [rows, V].
   Value CrossEntropy(Value logits, Value targets,
                      const CrossEntropyOptions& options);
+  // The next-token accuracy [] f32 of the head whose loss is `loss` (either
+  // head above records it as its second output): the share of counted targets
+  // that are the argmax of their logits (ties to the lowest index; weighted by
+  // the class weights as the loss is; 0 when no target counts). The head's op
+  // computes it in the loss's own pass (CrossEntropyExtras::accuracy) during
+  // Forward(/*training=*/false) only: a training forward leaves it as it was.
+  // Invalid when `loss` is not a head's loss.
+  Value HeadAccuracy(Value loss) const;
 
   // ---- Compiling ----
   // Checks the recorded graph, plans the arena and allocates the parameter
@@ -267,6 +275,9 @@ class Graph {
   Value AddValue(ValueInfo info);
   Value AddNode(std::unique_ptr<Node> node, std::string name, Shape shape,
                 DType dtype);
+  // Gives the head that produced `loss` its second output, the accuracy
+  // [] f32 (HeadAccuracy); returns `loss`.
+  Value AddAccuracyOutput(Value loss);
   bool Require(bool condition, const std::string& message);
   bool CheckValue(Value value, const char* what);
   // True when there is no residual, or it is a valid activation of `shape`.

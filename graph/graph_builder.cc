@@ -1,6 +1,7 @@
 // Graph: the builder. Each builder method checks its operands' shapes (the
 // first inconsistency becomes the graph's build error), records a node of
 // graph/nodes.h and returns the node's output Value.
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,34 @@ Value Graph::AddNode(std::unique_ptr<Node> node, std::string name, Shape shape,
   node->outputs = {value};
   nodes_.push_back(std::move(node));
   return value;
+}
+
+Value Graph::AddAccuracyOutput(Value loss) {
+  if (!loss.valid()) return loss;
+  const int index = values_[loss.id].producer;
+  ValueInfo out;
+  out.name = absl::StrCat(nodes_[index]->type(), index, ":accuracy");
+  out.kind = ValueKind::kActivation;
+  out.dtype = DType::kF32;
+  out.producer = index;
+  // No consumer and no gradient: the memory plan keeps it to the end of the
+  // pass, like the loss, so that it can be read after Forward().
+  nodes_[index]->outputs.push_back(AddValue(std::move(out)));
+  return loss;
+}
+
+Value Graph::HeadAccuracy(Value loss) const {
+  if (!loss.valid() || loss.id >= static_cast<int>(values_.size()) ||
+      values_[loss.id].producer < 0) {
+    return Value{};
+  }
+  const Node& node = *nodes_[values_[loss.id].producer];
+  const bool head = std::strcmp(node.type(), "LinearCrossEntropy") == 0 ||
+                    std::strcmp(node.type(), "CrossEntropy") == 0;
+  if (!head || node.outputs.size() < 2 || node.outputs[0].id != loss.id) {
+    return Value{};
+  }
+  return node.outputs[1];
 }
 
 Value Graph::Embedding(Value ids, Value token_table,
@@ -336,7 +365,7 @@ Value Graph::LinearCrossEntropy(Value hidden, Value weight,
   node->aux = {AuxSpec{hs, activation_dtype_},
                AuxSpec{ws, accumulator_dtype()}};
   if (bias) node->aux.push_back(AuxSpec{{ws[0]}, accumulator_dtype()});
-  return AddNode(std::move(node), "loss", {}, DType::kF32);
+  return AddAccuracyOutput(AddNode(std::move(node), "loss", {}, DType::kF32));
 }
 
 Value Graph::CrossEntropy(Value logits, Value targets,
@@ -357,7 +386,7 @@ Value Graph::CrossEntropy(Value logits, Value targets,
   auto node = MakeCrossEntropyNode(options, ls[0], ls[1]);
   node->inputs = {logits, targets};
   node->aux = {AuxSpec{{ls[0]}, DType::kF32}};
-  return AddNode(std::move(node), "loss", {}, DType::kF32);
+  return AddAccuracyOutput(AddNode(std::move(node), "loss", {}, DType::kF32));
 }
 
 }  // namespace graph

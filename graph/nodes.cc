@@ -306,15 +306,19 @@ class LinearCrossEntropyNode final : public Node {
                          bool with_bias)
       : options_(options), with_bias_(with_bias) {}
   const char* type() const override { return "LinearCrossEntropy"; }
-  // inputs: hidden, weight[, bias], targets; aux: d_hidden, d_weight[, d_bias]
+  // inputs: hidden, weight[, bias], targets; outputs: loss, accuracy
+  // (evaluation only); aux: d_hidden, d_weight[, d_bias]
   absl::Status Forward(NodeRun& run, bool training) override {
     const int targets = with_bias_ ? 3 : 2;
     LinearCrossEntropyInputs in{run.input(0), run.input(1), std::nullopt,
                                 run.input(targets)};
     if (with_bias_) in.bias = run.input(2);
     if (!training) {
+      // Evaluation: the accuracy (output 1) in the same pass as the loss.
+      CrossEntropyExtras extras;
+      extras.accuracy = run.output(1);
       return LinearCrossEntropyForward(run.context(), in, options_,
-                                       run.output(0));
+                                       run.output(0), nullptr, &extras);
     }
     // The training forward computes the gradients while the logits chunks
     // are on chip; Backward() only hands them on.
@@ -351,11 +355,15 @@ class CrossEntropyNode final : public Node {
   // The logits' gradient may be written over the logits (the op works in
   // place): no second [rows, V] buffer when nothing else reads them.
   int InPlaceGradientInput() const override { return 0; }
-  // inputs: logits, targets; aux: lse
-  absl::Status Forward(NodeRun& run, bool) override {
+  // inputs: logits, targets; outputs: loss, accuracy (evaluation only); aux:
+  // lse
+  absl::Status Forward(NodeRun& run, bool training) override {
     const Tensor lse = run.aux(0);
+    CrossEntropyExtras extras;
+    if (!training) extras.accuracy = run.output(1);
     return CrossEntropyForward(run.context(), run.input(0), run.input(1),
-                               options_, run.output(0), &lse);
+                               options_, run.output(0), &lse,
+                               training ? nullptr : &extras);
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* grad = run.input_grad(0);

@@ -32,6 +32,8 @@ std::unique_ptr<Node> MakeAddNode();
 std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
                                         int64_t heads, int64_t head_dim,
                                         DType dtype);
+// The two heads: outputs loss [] and accuracy [] f32 (Graph::HeadAccuracy; the
+// accuracy written by the evaluation forward only).
 // aux: d_hidden [rows, C], d_weight [V, C] (and d_bias [V]) computed by the
 // training forward.
 std::unique_ptr<Node> MakeLinearCrossEntropyNode(

@@ -504,11 +504,30 @@ absl::StatusOr<Trainer::StepStats> Trainer::StepLocal(
 
 absl::StatusOr<float> Trainer::Evaluate(absl::Span<const int32_t> ids,
                                         absl::Span<const int32_t> targets) {
+  ASSIGN_OR_RETURN(const EvalStats stats, EvaluateWithAccuracy(ids, targets));
+  return stats.loss;
+}
+
+absl::StatusOr<Trainer::EvalStats> Trainer::EvaluateWithAccuracy(
+    absl::Span<const int32_t> ids, absl::Span<const int32_t> targets) {
+  if (!model_.accuracy().valid()) {
+    return absl::FailedPreconditionError(
+        "Trainer::Evaluate: the model has no loss head");
+  }
   Graph& graph = model_.graph();
   RETURN_IF_ERROR(graph.SetInput(model_.ids(), ids));
   RETURN_IF_ERROR(graph.SetInput(model_.targets(), targets));
+  // The head writes the loss and the accuracy in one pass over its logits.
   RETURN_IF_ERROR(graph.Forward(/*training=*/false));
-  return graph.ReadScalar(model_.loss());
+  EvalStats stats;
+  ASSIGN_OR_RETURN(stats.loss, graph.ReadScalar(model_.loss()));
+  ASSIGN_OR_RETURN(stats.accuracy, graph.ReadScalar(model_.accuracy()));
+  // SetInput checked every target: each is in range or the ignore index.
+  const ValueInfo& info = graph.info(model_.targets());
+  for (const int32_t target : targets) {
+    stats.tokens += !(info.allow_ignore && target == info.ignore_index);
+  }
+  return stats;
 }
 
 absl::StatusOr<std::string> Trainer::Save(

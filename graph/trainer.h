@@ -115,6 +115,20 @@ class Trainer {
   absl::StatusOr<float> Evaluate(absl::Span<const int32_t> ids,
                                  absl::Span<const int32_t> targets);
 
+  struct EvalStats {
+    float loss = 0;  // the head's loss (the mean over counted tokens)
+    // The share of counted tokens whose target is the argmax of the logits
+    // (Gpt::accuracy; computed by the head in the loss's pass).
+    float accuracy = 0;
+    // Counted tokens: targets other than the head's ignore_index. Average
+    // accuracies over batches weighted by it.
+    int64_t tokens = 0;
+  };
+  // Evaluate with the next-token accuracy: the same forward (Evaluate runs
+  // this one and returns its loss), one more scalar read back.
+  absl::StatusOr<EvalStats> EvaluateWithAccuracy(
+      absl::Span<const int32_t> ids, absl::Span<const int32_t> targets);
+
   // Optimizer steps taken (the next Step is step() + 1).
   int64_t step() const { return step_; }
   Gpt& model() { return model_; }

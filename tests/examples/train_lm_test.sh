@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end test of examples/train_lm on the CPU: a tiny model on a small generated corpus
-# (byte-level BPE trained by the program) must bring the validation loss down; the metrics
-# file must be JSON lines with step, loss, val_loss, tokens_per_s, train_s and eval_s, the
-# step-0 validation included, and examples/plot_loss.py must draw it with labelled axes; a
+# (byte-level BPE trained by the program) must bring the validation loss down and the
+# validation accuracy up; the metrics file must be JSON lines with step, loss, val_loss,
+# val_accuracy (a number in [0, 1] on every validation line, as printed), tokens_per_s,
+# train_s and eval_s, the step-0 validation included, and examples/plot_loss.py must draw
+# it with labelled axes (and an accuracy panel); a
 # run stopped at step 6 must say so, and resumed from its checkpoint must log exactly the
 # losses of an uninterrupted run; only the newest --keep_checkpoints checkpoints may stay,
 # with the temporary folders of interrupted saves gone and nothing else touched; every bad
@@ -50,13 +52,32 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 log = open(sys.argv[2]).read()
 tokens_per_step = int(sys.argv[3])
 for r in rows:
-    assert set(r) == {"step", "loss", "val_loss", "tokens_per_s", "train_s", "eval_s"}, r
+    assert set(r) == {"step", "loss", "val_loss", "val_accuracy", "tokens_per_s", "train_s",
+                      "eval_s"}, r
+    # The accuracy is there exactly where the validation loss is, a number in [0, 1].
+    if r["val_loss"] is None:
+        assert r["val_accuracy"] is None, r
+    else:
+        a = r["val_accuracy"]
+        assert isinstance(a, float) and 0 <= a <= 1, r
 # The step-0 validation is the first line, as printed.
-start = float(re.search(r"step 0: val loss ([0-9.]+)", log).group(1))
+m = re.search(r"step 0: val loss ([0-9.]+), accuracy ([0-9.]+)%", log)
+start, start_accuracy = float(m.group(1)), float(m.group(2)) / 100
 first = rows[0]
 assert first["step"] == 0 and first["loss"] is None and first["tokens_per_s"] is None, first
 assert first["train_s"] is None and first["eval_s"] > 0, first
 assert abs(first["val_loss"] - start) < 1e-4, (first, start)
+assert abs(first["val_accuracy"] - start_accuracy) < 1e-4, (first, start_accuracy)
+# Every progress line with a validation prints its accuracy beside its loss, as logged.
+printed = [float(a) / 100 for a in re.findall(r"\| val [0-9.]+ acc +([0-9.]+)% \(eval", log)]
+assert len(printed) == len(rows) - 1, (printed, rows)
+for p, r in zip(printed, rows[1:]):
+    assert abs(p - r["val_accuracy"]) <= 6e-5, (printed, rows)  # printed to 0.01%
+# The summary names the last validation's accuracy and the step-0 one.
+m = re.search(r"val accuracy ([0-9.]+)% \(from ([0-9.]+)%\)", log)
+assert m, "no val accuracy in the summary"
+assert abs(float(m.group(1)) / 100 - rows[-1]["val_accuracy"]) < 1e-4, (m.group(0), rows[-1])
+assert abs(float(m.group(2)) / 100 - start_accuracy) < 1e-4, (m.group(0), start_accuracy)
 # One line per progress line: steps 4, 8, 12, each with a validation.
 assert [r["step"] for r in rows] == [0, 4, 8, 12], [r["step"] for r in rows]
 previous = 0
@@ -70,12 +91,17 @@ for r in rows[1:]:
 vals = [r["val_loss"] for r in rows]
 print("val loss", start, "->", vals[-1])
 assert vals[-1] < start - 0.5, (start, vals)
+accuracies = [r["val_accuracy"] for r in rows]
+print("val accuracy", accuracies[0], "->", accuracies[-1])
+assert accuracies[-1] > accuracies[0] + 0.05, accuracies
 PY
   fail "bad metrics"
 if [[ -n "${PLOT_LOSS}" ]]; then
   python3 "${PLOT_LOSS}" "${WORK}/straight.jsonl" "${WORK}/loss.svg" || fail "plot_loss.py failed"
   grep -q 'rotate(-90.*>cross-entropy loss' "${WORK}/loss.svg" || fail "the plot has no y-axis label"
   grep -q '>optimizer step</text>' "${WORK}/loss.svg" || fail "the plot has no x-axis label"
+  grep -q 'rotate(-90.*>accuracy (% of tokens)' "${WORK}/loss.svg" ||
+    fail "the plot has no accuracy panel"
   # The step-0 validation is a point of the curve: its first polyline point is at x = 0.
   python3 - "${WORK}/loss.svg" <<'PY' || fail "the plot does not start at step 0"
 import re, sys
@@ -125,6 +151,7 @@ assert set(a) <= set(b), (sorted(a), sorted(b))
 for step, row in a.items():
     assert row["loss"] == b[step]["loss"], (step, row, b[step])
     assert row["val_loss"] == b[step]["val_loss"], (step, row, b[step])
+    assert row["val_accuracy"] == b[step]["val_accuracy"], (step, row, b[step])
 print("resumed losses equal the uninterrupted run's at steps", sorted(a))
 PY
 # Nothing left to train from the checkpoint at step 12.
@@ -167,6 +194,10 @@ for path, rows in zip(sys.argv[2:], runs[1:]):
             assert (a[key] is None) == (b[key] is None), (path, key, a, b)
             if a[key] is not None:
                 assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]), (path, key, a, b)
+        # The same predictions but for near ties that the gradients' rounding may flip.
+        assert (a["val_accuracy"] is None) == (b["val_accuracy"] is None), (path, a, b)
+        if a["val_accuracy"] is not None:
+            assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 0.01, (path, a, b)
 print("--ranks=2 and 3 match --ranks=1 at steps", [r["step"] for r in one])
 PY
 DPCKPT=${WORK}/dp_ckpt
@@ -185,6 +216,7 @@ b = [json.loads(l) for l in open(sys.argv[2])]
 assert [r["step"] for r in a] == [r["step"] for r in b], (a, b)
 for x, y in zip(a, b):
     assert x["loss"] == y["loss"] and x["val_loss"] == y["val_loss"], (x, y)
+    assert x["val_accuracy"] == y["val_accuracy"], (x, y)
 print("--ranks=2 resumed at step 3 equals the uninterrupted run")
 PY
 

@@ -1,10 +1,12 @@
 // Tests of the trainer: checkpoints resume exactly (the same losses as an
 // uninterrupted run), gradient accumulation matches one large batch, the
 // checkpoint files are valid safetensors, pruning keeps exactly the newest
-// checkpoints and removes what interrupted saves left (and nothing else), and
-// sampling is deterministic.
+// checkpoints and removes what interrupted saves left (and nothing else),
+// sampling is deterministic, and the evaluation's accuracy is the argmax's.
 #include "graph/trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -297,6 +299,121 @@ TEST(TrainerTest, SamplingIsDeterministic) {
   }
   EXPECT_FALSE(Sample(*model, {}, 5, options).ok());
 }
+
+struct AccuracyCase {
+  bool cuda;
+  GptHead head;
+};
+
+class EvaluateAccuracyTest : public ::testing::TestWithParam<AccuracyCase> {};
+
+// The head's accuracy against the argmax of the logits that a kLogits model of
+// the same weights computes (an unfused GEMM, read back and ranked on the
+// host), on targets that hit about half the rows, with ignored rows; the loss
+// against the log-softmax of those logits. Rows whose two largest logits lie
+// within 1e-2 are ignored, so that rounding cannot change their verdict.
+TEST_P(EvaluateAccuracyTest, MatchesTheArgmaxOfTheLogits) {
+  const AccuracyCase c = GetParam();
+  if (c.cuda) SKIP_WITHOUT_GPU();
+  const uint64_t seed = test::TestSeed();
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Context> context,
+      Context::Create(c.cuda ? Device::Cuda(0) : Device::Cpu()));
+  const GptConfig config = SmallConfig();
+  const BatchShape shape{2, 16};
+  const int64_t rows = shape.rows(), vocab = config.vocab;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Gpt> model,
+      Gpt::Create(*context, config, shape, DType::kF32, c.head));
+  ASSERT_OK(model->Initialize(seed));
+  // Larger weights than GPT-2's init, so that the logits are spread apart.
+  Graph& g = model->graph();
+  for (const GptParameter& p : model->named_parameters()) {
+    ASSERT_OK_AND_ASSIGN(std::vector<double> values,
+                         test::ToHost(*context, g.master(p.value)));
+    const std::vector<double> noise =
+        test::RandomValues(values.size(), seed ^ p.value.id, -0.3, 0.3);
+    for (size_t i = 0; i < values.size(); ++i) values[i] += noise[i];
+    ASSERT_OK_AND_ASSIGN(
+        OwnedTensor t,
+        test::FromHost(*context, DType::kF32, g.info(p.value).shape, values));
+    ASSERT_OK(CopyTensor(t.view, g.master(p.value), *context));
+  }
+  ASSERT_OK(g.SyncComputeCopy());
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Gpt> reference,
+      Gpt::Create(*context, config, shape, DType::kF32, GptHead::kLogits));
+  ASSERT_OK(reference->CopyParametersFrom(*model));
+
+  const std::vector<int32_t> ids = Tokens(rows, seed + 1);
+  ASSERT_OK(reference->graph().SetInput(reference->ids(), ids));
+  ASSERT_OK(reference->graph().Forward(/*training=*/false));
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<double> logits,  // [rows, vocab]
+      test::ToHost(*context, reference->graph().tensor(reference->logits())));
+  ASSERT_EQ(static_cast<int64_t>(logits.size()), rows * vocab);
+
+  std::mt19937_64 engine(seed + 2);
+  std::vector<int32_t> targets(rows);
+  int64_t counted = 0, hits = 0, close = 0;
+  double loss_sum = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* z = &logits[r * vocab];
+    int64_t best = 0;
+    for (int64_t v = 1; v < vocab; ++v) best = z[v] > z[best] ? v : best;
+    double second = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (v != best) second = std::max(second, z[v]);
+    }
+    if (z[best] - second < 1e-2 || r == 3) {
+      targets[r] = -100;  // ignored
+      close += r != 3;
+      continue;
+    }
+    targets[r] = engine() % 2 == 0 ? static_cast<int32_t>(best)
+                                   : static_cast<int32_t>(engine() % vocab);
+    ++counted;
+    hits += targets[r] == best;
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - z[best]);
+    loss_sum += z[best] + std::log(sum) - z[targets[r]];
+  }
+  ASSERT_LT(close, rows / 4) << "too many near ties to test";
+  ASSERT_GT(hits, 0);
+  ASSERT_LT(hits, counted);
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer,
+                       Trainer::Create(*model, Options()));
+  ASSERT_OK_AND_ASSIGN(Trainer::EvalStats stats,
+                       trainer->EvaluateWithAccuracy(ids, targets));
+  EXPECT_EQ(stats.tokens, counted);
+  EXPECT_NEAR(stats.accuracy, static_cast<double>(hits) / counted, 1e-6)
+      << hits << " of " << counted;
+  const double loss = loss_sum / counted;
+  EXPECT_NEAR(stats.loss, loss, 1e-4 * loss);
+  ASSERT_OK_AND_ASSIGN(float evaluated, trainer->Evaluate(ids, targets));
+  EXPECT_EQ(evaluated, stats.loss);
+
+  // A training step leaves the accuracy to the next evaluation, which
+  // writes it again; with every target ignored it is 0 of 0 tokens.
+  ASSERT_OK(trainer->Step(ids, targets).status());
+  const std::vector<int32_t> ignored(rows, -100);
+  ASSERT_OK_AND_ASSIGN(stats, trainer->EvaluateWithAccuracy(ids, ignored));
+  EXPECT_EQ(stats.tokens, 0);
+  EXPECT_EQ(stats.accuracy, 0.0f);
+  EXPECT_EQ(stats.loss, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads, EvaluateAccuracyTest,
+    ::testing::Values(AccuracyCase{false, GptHead::kFusedLoss},
+                      AccuracyCase{false, GptHead::kUnfusedLoss},
+                      AccuracyCase{true, GptHead::kFusedLoss},
+                      AccuracyCase{true, GptHead::kUnfusedLoss}),
+    [](const ::testing::TestParamInfo<AccuracyCase>& info) {
+      return std::string(info.param.cuda ? "Cuda" : "Cpu") +
+             (info.param.head == GptHead::kFusedLoss ? "Fused" : "Unfused");
+    });
 
 }  // namespace
 }  // namespace graph
