@@ -1,0 +1,917 @@
+// The vocabulary-parallel linear cross-entropy
+// (loss/vocab_parallel_linear_cross_entropy.h): the rank-local checks, the
+// exchange of a validity flag and of the ranks' slices (one all-gather, before
+// anything is written), the per-token target weights from their owners, and
+// the token-chunk loop. Each chunk: local logits (Eigen, fp32), the row max
+// all-reduced (kMax), then the row sums all-reduced (kSum, f64), the loss and
+// lse from those, the local dlogits from the global lse, d_hidden's partial
+// product all-reduced (kSum, f32), d_weight and d_bias accumulated locally.
+//
+// The per-row math follows the cross-entropy's CPU twin
+// (loss/cross_entropy_cpu.cc) term for term, so that the results differ from
+// the single-device op only by the order of the sums over the vocabulary.
+#include "loss/vocab_parallel_linear_cross_entropy.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "loss/cross_entropy_cpu.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/linear_cross_entropy_internal.h"
+#include "loss/loss_checks.h"
+#include "runtime/dtype.h"
+#include "runtime/int_math.h"
+#include "runtime/status.h"
+
+namespace lossrt {
+namespace vplce {
+namespace {
+
+using RowMajor =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMajor, 0, Eigen::OuterStride<>>;
+using ConstMatrixMap = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
+
+constexpr int64_t kAlignment = 256;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Per-row sums exchanged with kSum (f64): S = sum_j exp(z_j - M), the
+// smoothing's sum_j w_j (M - z_j), the owner's M - z_t, and the entropy's
+// centered sum sum_j exp(z_j - M) (z_j - M).
+constexpr int64_t kSumExp = 0;
+constexpr int64_t kSmoothSum = 1;
+constexpr int64_t kTargetGap = 2;
+constexpr int64_t kCentered = 3;
+constexpr int64_t kRowSums = 4;
+
+// The exchanged record of a rank (i64).
+enum Field : int64_t {
+  kOk,
+  kOffset,
+  kLocalVocab,
+  kVocab,
+  kTokens,
+  kHidden,
+  kChunkRows,  // the most rows a chunk may have on this rank
+  kPass,
+  kFields,
+};
+
+float LoadHost(const void* base, DType type, int64_t i) {
+  switch (type) {
+    case DType::kBF16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+void StoreHost(void* base, DType type, int64_t i, float value) {
+  switch (type) {
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(value);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToF16Bits(value);
+      break;
+    default:
+      static_cast<float*>(base)[i] = value;
+  }
+}
+
+// `value` rounded to `type` and back (the 16-bit dlogits of the single-device
+// op).
+float RoundTo(DType type, float value) {
+  switch (type) {
+    case DType::kBF16:
+      return Bf16BitsToFloat(FloatToBf16Bits(value));
+    case DType::kF16:
+      return F16BitsToFloat(FloatToF16Bits(value));
+    default:
+      return value;
+  }
+}
+
+int64_t LoadTarget(const Tensor& targets, int64_t i) {
+  return targets.dtype == DType::kI64 ? targets.data_as<const int64_t>()[i]
+                                      : targets.data_as<const int32_t>()[i];
+}
+
+// One call on one rank.
+struct Problem {
+  lce::Pass pass = lce::Pass::kForward;
+  const VocabShard* shard = nullptr;
+  const LinearCrossEntropyInputs* inputs = nullptr;
+  const LinearCrossEntropyOptions* options = nullptr;
+  const Tensor* loss = nullptr;
+  const Tensor* lse = nullptr;
+  const Tensor* grad_loss = nullptr;
+  const LinearCrossEntropyGradients* gradients = nullptr;
+  int64_t tokens = 0;       // N
+  int64_t hidden = 0;       // H
+  int64_t local_vocab = 0;  // V_r
+  bool backward() const { return pass != lce::Pass::kForward; }
+  bool forward() const { return pass != lce::Pass::kBackward; }
+};
+
+absl::Status CheckShard(const Problem& p) {
+  const VocabShard& shard = *p.shard;
+  RETURN_IF_ERROR(ce::CheckVocab(shard.vocab, "shard.vocab"));
+  if (shard.vocab_offset < 0 ||
+      shard.vocab_offset > shard.vocab - p.local_vocab) {
+    return InvalidArgument("shard: rows [", shard.vocab_offset, ", ",
+                           shard.vocab_offset + p.local_vocab,
+                           ") of the weight are outside the vocabulary [0, ",
+                           shard.vocab, ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInputs(const Context& context, Problem& p) {
+  const LinearCrossEntropyInputs& in = *p.inputs;
+  if (in.hidden.rank() != 2)
+    return InvalidArgument("hidden: expected [N, H], got ",
+                           in.hidden.ShapeString());
+  if (in.weight.rank() != 2)
+    return InvalidArgument("weight: expected [V_r, H], got ",
+                           in.weight.ShapeString());
+  p.tokens = in.hidden.dim(0);
+  p.hidden = in.hidden.dim(1);
+  p.local_vocab = in.weight.dim(0);
+  const int64_t n = p.tokens;
+  const int64_t v = p.local_vocab;
+  if (p.hidden < 1) {
+    return InvalidArgument("hidden: the hidden size must be >= 1, got ",
+                           in.hidden.ShapeString());
+  }
+  RETURN_IF_ERROR(ce::CheckVocab(v, "weight"));
+  RETURN_IF_ERROR(CheckShard(p));
+  RETURN_IF_ERROR(CheckDType(
+      in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
+  RETURN_IF_ERROR(CheckShape(in.weight, {v, p.hidden}, "weight"));
+  if (in.weight.dtype != in.hidden.dtype) {
+    return InvalidArgument("weight: dtype ", DTypeName(in.weight.dtype),
+                           " differs from hidden's ",
+                           DTypeName(in.hidden.dtype));
+  }
+  RETURN_IF_ERROR(CheckShape(in.targets, {n}, "targets"));
+  RETURN_IF_ERROR(
+      CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.hidden, context, "hidden"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.weight, context, "weight"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.targets, context, "targets"));
+  if (in.bias.has_value()) {
+    RETURN_IF_ERROR(CheckShape(*in.bias, {v}, "bias"));
+    RETURN_IF_ERROR(
+        CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
+    RETURN_IF_ERROR(ce::CheckOnContext(*in.bias, context, "bias"));
+  }
+  const LinearCrossEntropyOptions& options = *p.options;
+  if (options.max_workspace_bytes <= 0) {
+    return InvalidArgument("max_workspace_bytes must be positive, got ",
+                           options.max_workspace_bytes);
+  }
+  if (options.schedule == LinearCrossEntropySchedule::kTwoPass) {
+    return InvalidArgument(
+        "vocabulary-parallel linear cross-entropy: only the token-chunk "
+        "schedule is offered, not kTwoPass");
+  }
+  return ce::CheckCrossEntropyOptions(options.cross_entropy, v, context);
+}
+
+absl::Status CheckOutputs(const Context& context, const Problem& p) {
+  const CrossEntropyOptions& ce = p.options->cross_entropy;
+  if (p.loss != nullptr) {
+    RETURN_IF_ERROR(
+        ce::CheckLossTensor(*p.loss, ce.reduction, p.tokens, context, "loss"));
+  }
+  if (p.lse != nullptr)
+    RETURN_IF_ERROR(ce::CheckLseTensor(*p.lse, p.tokens, context));
+  if (p.grad_loss != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLossTensor(*p.grad_loss, ce.reduction, p.tokens,
+                                        context, "grad_loss"));
+  }
+  if (p.gradients != nullptr) {
+    const LinearCrossEntropyInputs& in = *p.inputs;
+    const LinearCrossEntropyGradients& g = *p.gradients;
+    RETURN_IF_ERROR(CheckShape(g.d_hidden, {p.tokens, p.hidden}, "d_hidden"));
+    RETURN_IF_ERROR(
+        CheckDType(g.d_hidden, {DType::kF32, in.hidden.dtype}, "d_hidden"));
+    RETURN_IF_ERROR(ce::CheckOnContext(g.d_hidden, context, "d_hidden"));
+    RETURN_IF_ERROR(
+        CheckShape(g.d_weight, {p.local_vocab, p.hidden}, "d_weight"));
+    RETURN_IF_ERROR(
+        CheckDType(g.d_weight, {DType::kF32, in.weight.dtype}, "d_weight"));
+    RETURN_IF_ERROR(ce::CheckOnContext(g.d_weight, context, "d_weight"));
+    if (in.bias.has_value() != g.d_bias.has_value()) {
+      return InvalidArgument(in.bias.has_value()
+                                 ? "d_bias is required with a bias"
+                                 : "d_bias given without a bias");
+    }
+    if (g.d_bias.has_value()) {
+      RETURN_IF_ERROR(CheckShape(*g.d_bias, {p.local_vocab}, "d_bias"));
+      RETURN_IF_ERROR(
+          CheckDType(*g.d_bias, {DType::kF32, in.bias->dtype}, "d_bias"));
+      RETURN_IF_ERROR(ce::CheckOnContext(*g.d_bias, context, "d_bias"));
+    }
+  }
+  if (ce.entropy_weight != 0.0f && p.pass == lce::Pass::kBackward) {
+    return InvalidArgument(
+        "entropy_weight != 0: VocabParallelLinearCrossEntropyBackward cannot "
+        "take the entropy's gradient; use "
+        "VocabParallelLinearCrossEntropyForwardBackward");
+  }
+  // Outputs may overlap neither an input nor each other.
+  using Named = std::pair<const Tensor*, const char*>;
+  const LinearCrossEntropyInputs& in = *p.inputs;
+  std::vector<Named> inputs = {
+      {&in.hidden, "hidden"}, {&in.weight, "weight"}, {&in.targets, "targets"}};
+  std::vector<Named> outputs;
+  if (in.bias.has_value()) inputs.push_back({&*in.bias, "bias"});
+  if (ce.class_weights.has_value())
+    inputs.push_back({&*ce.class_weights, "class_weights"});
+  if (p.grad_loss != nullptr) inputs.push_back({p.grad_loss, "grad_loss"});
+  if (p.loss != nullptr) outputs.push_back({p.loss, "loss"});
+  if (p.lse != nullptr)
+    (p.forward() ? outputs : inputs).push_back({p.lse, "lse"});
+  if (p.gradients != nullptr) {
+    outputs.push_back({&p.gradients->d_hidden, "d_hidden"});
+    outputs.push_back({&p.gradients->d_weight, "d_weight"});
+    if (p.gradients->d_bias.has_value())
+      outputs.push_back({&*p.gradients->d_bias, "d_bias"});
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const Named& input : inputs) {
+      if (Overlaps(*outputs[i].first, *input.first))
+        return InvalidArgument(outputs[i].second, " overlaps the input ",
+                               input.second);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(*outputs[i].first, *outputs[j].first))
+        return InvalidArgument(outputs[i].second, " overlaps ",
+                               outputs[j].second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The call's temporaries: per-call arrays first, then a token chunk's.
+struct Layout {
+  int64_t row_loss = -1;       // f32 [N] (mean, sum)
+  int64_t lse = -1;            // f32 [N] when the caller's lse is not given
+  int64_t target_weight = -1;  // f64 [N + 1]: w[t] per token, then W
+  int64_t bias = -1;           // f32 [V_r] copy of a 16-bit bias
+  int64_t d_weight_acc = -1;   // f32 [V_r, H] for a 16-bit d_weight
+  int64_t d_bias_acc = -1;     // f32 [V_r] for a 16-bit d_bias
+  int64_t record = 0;          // i64 [P * kFields + kFields]
+  int64_t fixed_bytes = 0;
+  int64_t ld = 0;         // the logits' row stride (floats)
+  int64_t row_bytes = 0;  // bytes a chunk row takes
+  int64_t max_rows = 0;   // the most rows a chunk may take within the budget
+};
+
+int64_t Aligned(int64_t bytes) { return RoundUp(bytes, kAlignment); }
+
+absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
+  const int64_t n = p.tokens;
+  const int64_t v = p.local_vocab;
+  const LinearCrossEntropyInputs& in = *p.inputs;
+  int64_t size = 0;
+  auto add = [&size](bool needed, int64_t bytes) {
+    if (!needed) return int64_t{-1};
+    const int64_t offset = size;
+    size += Aligned(bytes);
+    return offset;
+  };
+  const bool reduced = p.options->cross_entropy.reduction != Reduction::kNone;
+  layout.record = add(true, 8 * kFields * (world_size + 1));
+  layout.row_loss = add(p.forward() && reduced, 4 * n);
+  layout.lse = add(p.lse == nullptr, 4 * n);
+  layout.target_weight = add(true, 8 * (n + 1));
+  layout.bias =
+      add(in.bias.has_value() && in.bias->dtype != DType::kF32, 4 * v);
+  layout.d_weight_acc =
+      add(p.backward() && p.gradients->d_weight.dtype != DType::kF32,
+          4 * v * p.hidden);
+  layout.d_bias_acc = add(p.backward() && p.gradients->d_bias.has_value() &&
+                              p.gradients->d_bias->dtype != DType::kF32,
+                          4 * v);
+  layout.fixed_bytes = size;
+  layout.ld = RoundUp(v, int64_t{8});
+  // logits, the row max, the row sums, d_hidden's partial row.
+  layout.row_bytes = 4 * layout.ld + 4 + 8 * kRowSums +
+                     (p.backward() ? 4 * p.hidden : 0) + 4 * kAlignment / 64;
+  const int64_t room =
+      p.options->max_workspace_bytes - layout.fixed_bytes - 4 * kAlignment;
+  layout.max_rows = room / layout.row_bytes;
+  if (n > 0 && layout.max_rows < 1) {
+    return InvalidArgument(
+        "max_workspace_bytes = ", p.options->max_workspace_bytes,
+        " is too small for one chunk of this problem (N = ", n,
+        ", H = ", p.hidden, ", V_r = ", v, "): it needs at least ",
+        layout.fixed_bytes + 4 * kAlignment + layout.row_bytes, " bytes");
+  }
+  layout.max_rows =
+      std::min(std::max<int64_t>(layout.max_rows, 1), std::max<int64_t>(n, 1));
+  return absl::OkStatus();
+}
+
+// What every rank agrees on after the exchange.
+struct Agreed {
+  int64_t chunk_rows = 0;
+  int64_t num_chunks = 0;
+};
+
+// Checks the ranks' records: every rank valid, one N, H, V and pass, slices
+// contiguous in rank order covering [0, V).
+absl::Status CheckRecords(const int64_t* records, int world_size, int rank,
+                          Agreed& agreed) {
+  for (int r = 0; r < world_size; ++r) {
+    if (records[r * kFields + kOk] == 0 && r != rank) {
+      return InvalidArgument(
+          "vocabulary-parallel linear cross-entropy: rank ", r,
+          " rejected its inputs (see its error); nothing was written");
+    }
+  }
+  const int64_t* first = records;
+  int64_t expected_offset = 0;
+  int64_t max_rows = first[kChunkRows];
+  for (int r = 0; r < world_size; ++r) {
+    const int64_t* rec = records + r * kFields;
+    for (Field field : {kVocab, kTokens, kHidden, kPass}) {
+      if (rec[field] != first[field]) {
+        const char* names[] = {"", "", "", "vocab", "N", "H", "", "pass"};
+        return InvalidArgument("vocab shard: rank ", r, "'s ", names[field],
+                               " = ", rec[field], " differs from rank 0's ",
+                               first[field]);
+      }
+    }
+    if (rec[kOffset] != expected_offset) {
+      return InvalidArgument("vocab shard: rank ", r, "'s slice starts at ",
+                             rec[kOffset], ", expected ", expected_offset,
+                             " (slices contiguous in rank order from 0)");
+    }
+    expected_offset += rec[kLocalVocab];
+    max_rows = std::min(max_rows, rec[kChunkRows]);
+  }
+  if (expected_offset != first[kVocab]) {
+    return InvalidArgument("vocab shard: the ranks' slices cover [0, ",
+                           expected_offset, "), not the vocabulary [0, ",
+                           first[kVocab], ")");
+  }
+  const int64_t n = first[kTokens];
+  if (n > 0) {
+    const int64_t chunks = CeilDiv(n, max_rows);
+    agreed.chunk_rows = CeilDiv(n, chunks);
+    agreed.num_chunks = chunks;
+  }
+  return absl::OkStatus();
+}
+
+class Runner {
+ public:
+  Runner(Context& context, const Problem& p)
+      : context_(context),
+        p_(p),
+        comm_(*p.shard->communicator),
+        ce_(p.options->cross_entropy),
+        operand_(p.inputs->hidden.dtype) {}
+
+  // `checks`: the verdict of the rank-local argument checks. The rank takes
+  // part in the exchange whatever it is.
+  absl::Status Run(const absl::Status& checks);
+
+ private:
+  template <typename T>
+  T* At(int64_t offset) const {
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
+  }
+  Tensor View(void* data, DType dtype, int64_t count) const {
+    return Tensor::Of(data, dtype, {count}, context_.device());
+  }
+  // Local checks, plan and scan: OK or the rank's own verdict.
+  absl::Status Prepare();
+  absl::Status Exchange(const absl::Status& local);
+  absl::Status Chunk(int64_t row_begin, int64_t row_end);
+  absl::Status Finish();
+  float* FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
+                   absl::Status& status);
+
+  Context& context_;
+  const Problem& p_;
+  Communicator& comm_;
+  const CrossEntropyOptions& ce_;
+  const DType operand_;
+
+  Layout layout_;
+  Agreed agreed_;
+  Buffer block_;  // per-call arrays
+  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial
+  Buffer hidden_copy_;
+  Buffer weight_copy_;
+  const float* hidden_ = nullptr;  // [N, H], row stride hidden_ld_
+  int64_t hidden_ld_ = 0;
+  const float* weight_ = nullptr;  // [V_r, H], row stride weight_ld_
+  int64_t weight_ld_ = 0;
+  const float* bias_ = nullptr;           // [V_r] or null
+  const float* class_weights_ = nullptr;  // [V_r] or null
+  float* lse_ = nullptr;                  // [N]
+  float* row_loss_ = nullptr;             // [N]
+  double* target_weight_ = nullptr;       // [N + 1]
+  float* d_weight_acc_ = nullptr;
+  float* d_bias_acc_ = nullptr;
+  ce::TargetStats stats_{};
+  double ce_scale_ = 1.0;  // 1 / ce_denominator (mean), else 1
+  double z_scale_ = 1.0;
+  float dlogits_scale_ = 1.0f;
+  RowMajor staging_;
+};
+
+float* Runner::FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
+                         absl::Status& status) {
+  if (tensor.dtype == DType::kF32) {
+    ld = tensor.effective_row_stride();
+    return tensor.data_as<float>();
+  }
+  const int64_t rows = tensor.dim(0);
+  const int64_t cols = tensor.dim(1);
+  absl::StatusOr<Buffer> buffer =
+      context_.allocator().Allocate(std::max<int64_t>(rows * cols, 1) * 4);
+  if (!buffer.ok()) {
+    status = buffer.status();
+    return nullptr;
+  }
+  copy = std::move(*buffer);
+  float* out = copy.data_as<float>();
+  const int64_t src_ld = tensor.effective_row_stride();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j)
+      out[i * cols + j] = LoadHost(tensor.data, tensor.dtype, i * src_ld + j);
+  }
+  ld = cols;
+  return out;
+}
+
+absl::Status Runner::Prepare() {
+  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
+  const LinearCrossEntropyInputs& in = *p_.inputs;
+  const int64_t n = p_.tokens;
+  const int64_t v = p_.local_vocab;
+  // The targets against the whole vocabulary (the same verdict on every rank:
+  // the targets are), the class weights' signs against this rank's slice.
+  stats_ = ce::ScanTargetsCpu(in.targets.data, in.targets.dtype == DType::kI64,
+                              n, p_.shard->vocab, ce_.ignore_index, nullptr);
+  stats_.negative_weights = 0;
+  if (ce_.class_weights.has_value()) {
+    class_weights_ = ce_.class_weights->data_as<const float>();
+    for (int64_t j = 0; j < v; ++j) {
+      if (!(class_weights_[j] >= 0.0f)) ++stats_.negative_weights;
+    }
+  }
+  RETURN_IF_ERROR(ce::CheckTargetStats(stats_, ce_, n, p_.shard->vocab));
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
+                               std::max<int64_t>(layout_.fixed_bytes, 1)));
+  if (n > 0) {
+    ASSIGN_OR_RETURN(
+        chunk_, context_.allocator().Allocate(
+                    layout_.max_rows * layout_.row_bytes + 4 * kAlignment));
+    absl::Status status;
+    hidden_ = FloatCopy(in.hidden, hidden_copy_, hidden_ld_, status);
+    RETURN_IF_ERROR(status);
+    weight_ = FloatCopy(in.weight, weight_copy_, weight_ld_, status);
+    RETURN_IF_ERROR(status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::Exchange(const absl::Status& local) {
+  const int world = comm_.world_size();
+  const int rank = comm_.rank();
+  // The record lives in the block when it exists, else in a small buffer.
+  Buffer fallback;
+  int64_t* record = nullptr;
+  if (block_.data() != nullptr) {
+    record = At<int64_t>(layout_.record);
+  } else {
+    ASSIGN_OR_RETURN(fallback,
+                     context_.allocator().Allocate(8 * kFields * (world + 1)));
+    record = fallback.data_as<int64_t>();
+  }
+  int64_t* mine = record + world * kFields;
+  std::fill(mine, mine + kFields, 0);
+  mine[kOk] = local.ok() ? 1 : 0;
+  if (local.ok()) {
+    mine[kOffset] = p_.shard->vocab_offset;
+    mine[kLocalVocab] = p_.local_vocab;
+    mine[kVocab] = p_.shard->vocab;
+    mine[kTokens] = p_.tokens;
+    mine[kHidden] = p_.hidden;
+    mine[kChunkRows] = layout_.max_rows;
+    mine[kPass] = static_cast<int64_t>(p_.pass);
+  }
+  RETURN_IF_ERROR(comm_.AllGather(View(mine, DType::kI64, kFields),
+                                  View(record, DType::kI64, world * kFields),
+                                  context_));
+  RETURN_IF_ERROR(local);
+  return CheckRecords(record, world, rank, agreed_);
+}
+
+absl::Status Runner::Run(const absl::Status& checks) {
+  RETURN_IF_ERROR(Exchange(checks.ok() ? Prepare() : checks));
+  const LinearCrossEntropyInputs& in = *p_.inputs;
+  const int64_t n = p_.tokens;
+  const int64_t v = p_.local_vocab;
+  const int64_t offset = p_.shard->vocab_offset;
+  const int64_t vocab = p_.shard->vocab;
+
+  // The targets' weights from their owners and the weight total W.
+  target_weight_ = At<double>(layout_.target_weight);
+  if (class_weights_ != nullptr) {
+    double local_total = 0.0;
+    for (int64_t j = 0; j < v; ++j) local_total += class_weights_[j];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = LoadTarget(in.targets, i);
+      target_weight_[i] =
+          t >= offset && t < offset + v ? class_weights_[t - offset] : 0.0;
+    }
+    target_weight_[n] = local_total;
+    const Tensor all = View(target_weight_, DType::kF64, n + 1);
+    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
+  } else {
+    std::fill(target_weight_, target_weight_ + n, 1.0);
+    target_weight_[n] = static_cast<double>(vocab);
+  }
+  stats_.weight_total = target_weight_[n];
+  // The mean's denominators as the target scan sums them (in token order).
+  double ce_denominator = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = LoadTarget(in.targets, i);
+    if (t != ce_.ignore_index && t >= 0 && t < vocab)
+      ce_denominator += target_weight_[i];
+  }
+  stats_.ce_denominator = ce_denominator;
+  if (ce_.reduction == Reduction::kMean) {
+    ce_scale_ = ce_denominator > 0 ? 1.0 / ce_denominator : 0.0;
+    z_scale_ = stats_.z_denominator > 0 ? 1.0 / stats_.z_denominator : 0.0;
+  }
+  if (p_.backward()) {
+    dlogits_scale_ = lce::DlogitsScale(
+        operand_, static_cast<int>(ce_.reduction), ce_denominator);
+  }
+
+  lse_ = p_.lse != nullptr ? p_.lse->data_as<float>() : At<float>(layout_.lse);
+  row_loss_ = ce_.reduction == Reduction::kNone
+                  ? (p_.forward() ? p_.loss->data_as<float>() : nullptr)
+                  : At<float>(layout_.row_loss);
+  d_weight_acc_ = At<float>(layout_.d_weight_acc);
+  d_bias_acc_ = At<float>(layout_.d_bias_acc);
+  if (in.bias.has_value()) {
+    if (layout_.bias >= 0) {
+      float* bias = At<float>(layout_.bias);
+      for (int64_t j = 0; j < v; ++j)
+        bias[j] = LoadHost(in.bias->data, in.bias->dtype, j);
+      bias_ = bias;
+    } else {
+      bias_ = in.bias->data_as<const float>();
+    }
+  }
+  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
+    const int64_t begin = c * agreed_.chunk_rows;
+    RETURN_IF_ERROR(Chunk(begin, std::min(n, begin + agreed_.chunk_rows)));
+  }
+  return Finish();
+}
+
+absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
+  const LinearCrossEntropyInputs& in = *p_.inputs;
+  const int64_t rows = row_end - row_begin;
+  const int64_t v = p_.local_vocab;
+  const int64_t h = p_.hidden;
+  const int64_t ld = layout_.ld;
+  const int64_t offset = p_.shard->vocab_offset;
+  const int64_t vocab = p_.shard->vocab;
+  const double s = ce_.label_smoothing;
+  const float cap = ce_.softcap;
+  const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+
+  char* base = static_cast<char*>(chunk_.data());
+  float* logits = reinterpret_cast<float*>(base);  // [rows, ld]
+  base += Aligned(4 * layout_.max_rows * ld);
+  float* row_max = reinterpret_cast<float*>(base);  // [rows]
+  base += Aligned(4 * layout_.max_rows);
+  double* sums = reinterpret_cast<double*>(base);  // [rows, kRowSums]
+  base += Aligned(8 * kRowSums * layout_.max_rows);
+  float* partial = reinterpret_cast<float*>(base);  // [rows, H]
+
+  const ConstMatrixMap hidden(hidden_ + row_begin * hidden_ld_, rows, h,
+                              Eigen::OuterStride<>(hidden_ld_));  // [rows, H]
+  const ConstMatrixMap weight(weight_, v, h,
+                              Eigen::OuterStride<>(weight_ld_));  // [V_r, H]
+  MatrixMap z(logits, rows, v, Eigen::OuterStride<>(ld));         // [rows, V_r]
+  z.noalias() = hidden * weight.transpose();
+  if (bias_ != nullptr)
+    z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_, v);
+  if (cap > 0.0f) z = cap * (z * inv_cap).array().tanh().matrix();
+
+  // The global lse: the row max (kMax), then the row sums (kSum).
+  const bool fused = p_.forward();
+  const bool entropy = ce_.entropy_weight != 0.0f;
+  if (fused) {
+    for (int64_t i = 0; i < rows; ++i) row_max[i] = z.row(i).maxCoeff();
+    const Tensor maxes = View(row_max, DType::kF32, rows);
+    RETURN_IF_ERROR(comm_.AllReduce(maxes, maxes, ReduceOp::kMax, context_));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float m = row_max[i];
+      const float* zr = logits + i * ld;
+      double sum_exp = 0.0, smooth = 0.0, centered = 0.0, gap = 0.0;
+      for (int64_t j = 0; j < v; ++j) {
+        const float d = zr[j] - m;
+        const float e = std::exp(d);
+        sum_exp += e;
+        if (entropy && e > 0.0f) centered += static_cast<double>(e) * d;
+        if (s > 0.0) {
+          smooth += (class_weights_ != nullptr ? class_weights_[j] : 1.0f) *
+                    static_cast<double>(m - zr[j]);
+        }
+      }
+      const int64_t t = LoadTarget(in.targets, row_begin + i);
+      if (t >= offset && t < offset + v)
+        gap = static_cast<double>(m) - zr[t - offset];
+      double* out = sums + i * kRowSums;
+      out[kSumExp] = sum_exp;
+      out[kSmoothSum] = smooth;
+      out[kTargetGap] = gap;
+      out[kCentered] = centered;
+    }
+    const Tensor all = View(sums, DType::kF64, rows * kRowSums);
+    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
+  }
+
+  // Loss and lse of each row, then (backward) its dlogits in place.
+  const double weight_total = stats_.weight_total;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t row = row_begin + i;
+    const int64_t t = LoadTarget(in.targets, row);
+    const bool ignored = t == ce_.ignore_index;
+    const bool valid = !ignored && t >= 0 && t < vocab;
+    float* zr = logits + i * ld;
+    double shift = 0.0, log_sum = 0.0, lse = 0.0, row_entropy = 0.0;
+    if (fused) {
+      const double* sum = sums + i * kRowSums;
+      shift = row_max[i];
+      log_sum = std::log(sum[kSumExp]);
+      lse = shift + log_sum;
+      lse_[row] = static_cast<float>(lse);
+      if (entropy && valid) {
+        row_entropy = row_max[i] == std::numeric_limits<float>::infinity()
+                          ? kNaN
+                          : log_sum - sum[kCentered] / sum[kSumExp];
+      }
+      if (!valid) {
+        if (row_loss_ != nullptr) row_loss_[row] = ignored ? 0.0f : kNaN;
+      } else {
+        const double w_t = target_weight_[row];
+        const double nll = sum[kTargetGap] + log_sum;
+        double ce = (1.0 - s) * w_t * nll;
+        if (s > 0.0)
+          ce += s / vocab * (weight_total * log_sum + sum[kSmoothSum]);
+        double zl = ce_.z_loss > 0.0f ? ce_.z_loss * lse * lse : 0.0;
+        if (entropy) zl -= ce_.entropy_weight * row_entropy;
+        if (row_loss_ != nullptr) {
+          row_loss_[row] = static_cast<float>(
+              ce_.reduction == Reduction::kMean ? ce * ce_scale_ + zl * z_scale_
+                                                : ce + zl);
+        }
+      }
+    } else {
+      shift = lse_[row];
+      lse = shift;
+    }
+    if (!p_.backward()) continue;
+
+    if (!valid) {
+      std::fill(zr, zr + v, ignored ? 0.0f : kNaN);
+      continue;
+    }
+    // The coefficients of loss/cross_entropy_cpu.cc's WriteGradRow.
+    double g = 1.0;
+    if (p_.grad_loss != nullptr) {
+      g = p_.grad_loss->data_as<
+          const float>()[ce_.reduction == Reduction::kNone ? row : 0];
+    }
+    g = static_cast<float>(dlogits_scale_ * g);
+    const double w_t = target_weight_[row];
+    const double ce_scale = g * ce_scale_, z_scale = g * z_scale_;
+    const double target_coef = ce_scale * (1.0 - s) * w_t;
+    const double smooth_w = ce_scale * s / vocab;
+    const double z_term =
+        ce_.z_loss > 0.0f ? 2.0 * z_scale * ce_.z_loss * lse : 0.0;
+    const double coef_d = target_coef + smooth_w * weight_total + z_term;
+    const double target_offset = smooth_w * (weight_total - w_t) + z_term;
+    const double ent_coef = z_scale * ce_.entropy_weight;
+    // The target's gradient (its owner only), through expm1 as the
+    // single-device op.
+    float target_grad = 0.0f;
+    const bool owner = t >= offset && t < offset + v;
+    if (owner) {
+      const double z_t = zr[t - offset];
+      const double d_t = (z_t - shift) - log_sum;
+      double dz_t = coef_d * std::expm1(d_t) + target_offset;
+      if (ent_coef != 0.0 && std::exp(d_t) > 0)
+        dz_t += ent_coef * std::exp(d_t) * (d_t + row_entropy);
+      if (cap > 0.0f) {
+        const double q = z_t * inv_cap;
+        dz_t *= 1.0 - q * q;
+      }
+      target_grad = static_cast<float>(dz_t);
+    }
+    const float shift_f = static_cast<float>(shift);
+    const float log_sum_f = static_cast<float>(log_sum);
+    const float coef = static_cast<float>(coef_d);
+    const float smooth_wf = static_cast<float>(smooth_w);
+    const float ent_f = static_cast<float>(ent_coef);
+    const float entropy_f = static_cast<float>(row_entropy);
+    for (int64_t j = 0; j < v; ++j) {
+      const float zj = zr[j];
+      const float d = (zj - shift_f) - log_sum_f;
+      const float e = std::exp(d);
+      float dz;
+      if (ent_coef != 0.0) {
+        dz = e > 0.0f ? e * (coef + ent_f * (d + entropy_f)) : 0.0f;
+      } else {
+        dz = coef * e;
+      }
+      if (smooth_w != 0.0)
+        dz -=
+            smooth_wf * (class_weights_ != nullptr ? class_weights_[j] : 1.0f);
+      if (cap > 0.0f) dz *= 1.0f - (zj * inv_cap) * (zj * inv_cap);
+      zr[j] = dz;
+    }
+    if (owner) zr[t - offset] = target_grad;
+    // The single-device op's dlogits are in the operand dtype.
+    if (operand_ != DType::kF32) {
+      for (int64_t j = 0; j < v; ++j) zr[j] = RoundTo(operand_, zr[j]);
+    }
+  }
+  if (!p_.backward()) return absl::OkStatus();
+
+  // d_hidden[rows] = sum over the ranks of dlogits @ weight_r.
+  const float unscale = 1.0f / dlogits_scale_;
+  MatrixMap part(partial, rows, h, Eigen::OuterStride<>(h));  // [rows, H]
+  part.noalias() = unscale * (z * weight);
+  const Tensor part_view = View(partial, DType::kF32, rows * h);
+  RETURN_IF_ERROR(
+      comm_.AllReduce(part_view, part_view, ReduceOp::kSum, context_));
+  const Tensor& d_hidden = p_.gradients->d_hidden;
+  const int64_t dh_ld = d_hidden.effective_row_stride();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t k = 0; k < h; ++k) {
+      StoreHost(d_hidden.data, d_hidden.dtype, (row_begin + i) * dh_ld + k,
+                partial[i * h + k]);
+    }
+  }
+  // d_weight (+)= dlogits^T @ hidden[rows], d_bias (+)= column sums, locally.
+  const bool accumulate = row_begin > 0;
+  staging_.noalias() = unscale * (z.transpose() * hidden);  // [V_r, H]
+  const Tensor& d_weight = p_.gradients->d_weight;
+  float* dw =
+      d_weight_acc_ != nullptr ? d_weight_acc_ : d_weight.data_as<float>();
+  const int64_t dw_ld =
+      d_weight_acc_ != nullptr ? h : d_weight.effective_row_stride();
+  MatrixMap dw_map(dw, v, h, Eigen::OuterStride<>(dw_ld));
+  if (accumulate) {
+    dw_map += staging_;
+  } else {
+    dw_map = staging_;
+  }
+  if (bias_ != nullptr) {
+    const Eigen::RowVectorXf column_sums = unscale * z.colwise().sum();
+    float* db = d_bias_acc_ != nullptr ? d_bias_acc_
+                                       : p_.gradients->d_bias->data_as<float>();
+    Eigen::Map<Eigen::RowVectorXf> db_map(db, v);
+    if (accumulate) {
+      db_map += column_sums;
+    } else {
+      db_map = column_sums;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::Finish() {
+  const int64_t n = p_.tokens;
+  const int64_t v = p_.local_vocab;
+  const int64_t h = p_.hidden;
+  if (p_.forward() && ce_.reduction != Reduction::kNone) {
+    *p_.loss->data_as<float>() =
+        static_cast<float>(ce::SumRowsCpu(row_loss_, n));
+  }
+  if (!p_.backward()) return absl::OkStatus();
+  const LinearCrossEntropyGradients& g = *p_.gradients;
+  const int64_t dw_ld = g.d_weight.effective_row_stride();
+  if (n == 0) {
+    const int64_t element = DTypeSize(g.d_weight.dtype);
+    for (int64_t r = 0; r < v; ++r) {
+      std::memset(static_cast<char*>(g.d_weight.data) + r * dw_ld * element, 0,
+                  h * element);
+    }
+    if (g.d_bias.has_value())
+      std::memset(g.d_bias->data, 0, v * DTypeSize(g.d_bias->dtype));
+    return absl::OkStatus();
+  }
+  if (d_weight_acc_ != nullptr) {
+    for (int64_t r = 0; r < v; ++r) {
+      for (int64_t k = 0; k < h; ++k) {
+        StoreHost(g.d_weight.data, g.d_weight.dtype, r * dw_ld + k,
+                  d_weight_acc_[r * h + k]);
+      }
+    }
+  }
+  if (d_bias_acc_ != nullptr) {
+    for (int64_t j = 0; j < v; ++j)
+      StoreHost(g.d_bias->data, g.d_bias->dtype, j, d_bias_acc_[j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(Context& context, Problem& p) {
+  if (p.shard->communicator == nullptr) {
+    return InvalidArgument("shard.communicator is null");
+  }
+  if (!context.device().is_cpu()) {
+    // Every rank refuses the same way (a device kind is not rank-local in a
+    // group of CUDA contexts), before any collective.
+    return absl::UnimplementedError(
+        "vocabulary-parallel linear cross-entropy: only CPU contexts for now");
+  }
+  absl::Status local = CheckInputs(context, p);
+  if (local.ok()) local = CheckOutputs(context, p);
+  // An invalid rank still takes part in the exchange (its record says so), so
+  // that no other rank waits for it.
+  Runner runner(context, p);
+  return runner.Run(local);
+}
+
+}  // namespace
+}  // namespace vplce
+
+absl::Status VocabParallelLinearCrossEntropyForward(
+    Context& context, const VocabShard& shard,
+    const LinearCrossEntropyInputs& inputs,
+    const LinearCrossEntropyOptions& options, const Tensor& loss,
+    const Tensor* lse) {
+  vplce::Problem problem;
+  problem.pass = lce::Pass::kForward;
+  problem.shard = &shard;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.loss = &loss;
+  problem.lse = lse;
+  return vplce::Run(context, problem);
+}
+
+absl::Status VocabParallelLinearCrossEntropyForwardBackward(
+    Context& context, const VocabShard& shard,
+    const LinearCrossEntropyInputs& inputs,
+    const LinearCrossEntropyOptions& options, const Tensor& loss,
+    const Tensor* lse, const LinearCrossEntropyGradients& gradients,
+    const Tensor* grad_loss) {
+  vplce::Problem problem;
+  problem.pass = lce::Pass::kForwardBackward;
+  problem.shard = &shard;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.loss = &loss;
+  problem.lse = lse;
+  problem.grad_loss = grad_loss;
+  problem.gradients = &gradients;
+  return vplce::Run(context, problem);
+}
+
+absl::Status VocabParallelLinearCrossEntropyBackward(
+    Context& context, const VocabShard& shard,
+    const LinearCrossEntropyInputs& inputs, const Tensor& lse,
+    const Tensor& grad_loss, const LinearCrossEntropyOptions& options,
+    const LinearCrossEntropyGradients& gradients) {
+  vplce::Problem problem;
+  problem.pass = lce::Pass::kBackward;
+  problem.shard = &shard;
+  problem.inputs = &inputs;
+  problem.options = &options;
+  problem.lse = &lse;
+  problem.grad_loss = &grad_loss;
+  problem.gradients = &gradients;
+  return vplce::Run(context, problem);
+}
+
+}  // namespace lossrt

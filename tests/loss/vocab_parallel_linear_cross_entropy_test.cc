@@ -1,0 +1,833 @@
+// Tests of the vocabulary-parallel linear cross-entropy
+// (loss/vocab_parallel_linear_cross_entropy.h) on the CPU, one thread per rank
+// over the in-process communicator (runtime/cpu_communicator.h), against the
+// single-device LinearCrossEntropyForwardBackward / Forward / Backward on the
+// full weight (loss/linear_cross_entropy.h).
+//
+// One parameterized case per scenario x operand dtype (f32, bf16) x world size
+// (1, 2, 3, 4), with a random uneven split of the vocabulary: the fused call
+// (with and without grad_loss), a repeat that must give the same bytes on
+// every rank, the split forward (loss, lse) and the split backward from that
+// lse. Scenarios cover the options and combinations of
+// tests/loss/linear_cross_entropy_test.cc (bias kinds, reductions, ignored
+// tokens, i32 targets, padded rows, small budgets: many chunks),
+// entropy_weight, all tokens ignored and N = 0. Then bad inputs: a rank-local
+// error gives every rank an InvalidArgument (no hang) and nothing is written
+// anywhere.
+//
+// Outputs are poisoned with NaN before every call: an element left unwritten
+// is caught. Tolerances: the two ops sum over the vocabulary in different
+// orders, so results agree to fp32 rounding: losses and lse within 1e-5
+// relative (plus 1e-6 absolute), f32 gradients within 1e-5 of the largest
+// magnitude of their tensor; 16-bit operands round dlogits to 16 bits, where a
+// last-bit difference may flip a rounding, so their gradients are compared
+// norm-wise within 2e-3 and elementwise within 2e-2 of the largest magnitude.
+#include "loss/vocab_parallel_linear_cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "loss/linear_cross_entropy.h"
+#include "runtime/communicator.h"
+#include "runtime/context.h"
+#include "runtime/cpu_communicator.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+#include "tests/status_assertions.h"
+
+namespace lossrt {
+namespace {
+
+constexpr int64_t kIgnore = -100;
+
+// ---------------------------------------------------------------------------
+// Host arrays of any float dtype, [rows, cols] with a row stride.
+
+struct Array {
+  DType dtype = DType::kF32;
+  int64_t rows = 1;
+  int64_t cols = 1;
+  int64_t stride = 0;  // elements between rows; 0 = cols
+  bool matrix = true;  // else a vector [cols] (rows = 1) or a scalar
+  bool scalar = false;
+  std::vector<uint8_t> bytes;
+
+  int64_t ld() const { return stride != 0 ? stride : cols; }
+  int64_t span() const { return rows == 0 ? 0 : (rows - 1) * ld() + cols; }
+  int64_t Index(int64_t i, int64_t j) const { return i * ld() + j; }
+  void* at(int64_t i) { return bytes.data() + Index(i, 0) * DTypeSize(dtype); }
+  double Get(int64_t i, int64_t j) const {
+    const int64_t k = Index(i, j);
+    switch (dtype) {
+      case DType::kBF16: {
+        uint16_t bits;
+        std::memcpy(&bits, bytes.data() + 2 * k, 2);
+        return Bf16BitsToFloat(bits);
+      }
+      case DType::kF16: {
+        uint16_t bits;
+        std::memcpy(&bits, bytes.data() + 2 * k, 2);
+        return F16BitsToFloat(bits);
+      }
+      default: {
+        float value;
+        std::memcpy(&value, bytes.data() + 4 * k, 4);
+        return value;
+      }
+    }
+  }
+  void Set(int64_t i, int64_t j, double value) {
+    const int64_t k = Index(i, j);
+    const float f = static_cast<float>(value);
+    uint16_t bits;
+    switch (dtype) {
+      case DType::kBF16:
+        bits = FloatToBf16Bits(f);
+        std::memcpy(bytes.data() + 2 * k, &bits, 2);
+        break;
+      case DType::kF16:
+        bits = FloatToF16Bits(f);
+        std::memcpy(bytes.data() + 2 * k, &bits, 2);
+        break;
+      default:
+        std::memcpy(bytes.data() + 4 * k, &f, 4);
+    }
+  }
+  // All bytes NaN (0xFF..: a NaN in every float dtype).
+  void Poison() { std::fill(bytes.begin(), bytes.end(), uint8_t{0xFF}); }
+  // A view of rows [begin, begin + count) (the whole array by default).
+  Tensor View(int64_t begin = 0, int64_t count = -1) {
+    if (count < 0) count = rows - begin;
+    void* data = bytes.empty() ? nullptr : at(begin);
+    if (scalar) return Tensor::Of(data, dtype, {}, Device::Cpu());
+    if (!matrix) {
+      return Tensor::Of(static_cast<char*>(data), dtype,
+                        {count == 0 ? 0 : cols}, Device::Cpu());
+    }
+    return Tensor::Of(data, dtype, {count, cols}, Device::Cpu(), stride);
+  }
+};
+
+Array MakeArray(DType dtype, int64_t rows, int64_t cols, int64_t pad = 0) {
+  Array a;
+  a.dtype = dtype;
+  a.rows = rows;
+  a.cols = cols;
+  a.stride = pad == 0 ? 0 : cols + pad;
+  a.bytes.assign(std::max<int64_t>(a.span(), 1) * DTypeSize(dtype), 0);
+  a.Poison();
+  return a;
+}
+
+Array MakeVector(DType dtype, int64_t n) {
+  Array a = MakeArray(dtype, 1, n);
+  a.matrix = false;
+  return a;
+}
+
+// A vector's slice [begin, begin + count) as a tensor.
+Tensor VectorSlice(Array& a, int64_t begin, int64_t count) {
+  return Tensor::Of(a.bytes.data() + begin * DTypeSize(a.dtype), a.dtype,
+                    {count}, Device::Cpu());
+}
+
+Array MakeScalar() {
+  Array a = MakeArray(DType::kF32, 1, 1);
+  a.matrix = false;
+  a.scalar = true;
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios.
+
+enum class BiasKind { kNone, kF32, kOperand };
+
+struct Scenario {
+  std::string name;
+  int64_t n = 37;
+  int64_t h = 24;
+  int64_t v = 203;
+  BiasKind bias = BiasKind::kNone;
+  Reduction reduction = Reduction::kMean;
+  double ignore_fraction = 0.0;
+  float smoothing = 0.0f;
+  float z_loss = 0.0f;
+  float softcap = 0.0f;
+  float entropy_weight = 0.0f;
+  bool class_weights = false;
+  bool d_hidden_f32 = false;
+  bool d_weight_f32 = true;
+  bool d_bias_f32 = true;
+  bool targets_i32 = false;
+  int64_t pad = 0;
+  int64_t budget = int64_t{1} << 30;  // the vocabulary-parallel op's
+  double logit_scale = 1.0;
+};
+
+std::vector<Scenario> Scenarios() {
+  std::vector<Scenario> all;
+  Scenario s;
+  s.name = "plain";
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "bias_f32_sum_ignored";
+  s.bias = BiasKind::kF32;
+  s.reduction = Reduction::kSum;
+  s.ignore_fraction = 0.2;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "bias_operand_none_i32";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.reduction = Reduction::kNone;
+  s.ignore_fraction = 0.2;
+  s.targets_i32 = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "smoothing_weights";
+  s.smoothing = 0.1f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.15;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "zloss_softcap";
+  s.z_loss = 1e-2f;
+  s.softcap = 3.0f;
+  s.logit_scale = 3.0;
+  s.reduction = Reduction::kSum;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "everything_small_budget";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.softcap = 5.0f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.budget = 40 << 10;  // chunks of a few rows
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "entropy_weight_smoothing";
+  s.entropy_weight = 0.05f;
+  s.smoothing = 0.1f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.z_loss = 1e-3f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "none_padded_small_budget";
+  s.reduction = Reduction::kNone;
+  s.pad = 3;
+  s.targets_i32 = true;
+  s.d_hidden_f32 = true;
+  s.bias = BiasKind::kF32;
+  s.budget = 24 << 10;
+  s.n = 45;
+  s.v = 301;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "one_token";
+  s.n = 1;
+  s.h = 16;
+  s.v = 50;
+  s.bias = BiasKind::kF32;
+  s.smoothing = 0.1f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "wide_vocab";
+  s.n = 64;
+  s.h = 40;
+  s.v = 1001;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.z_loss = 1e-4f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "tiny_vocab";
+  s.n = 9;
+  s.h = 8;
+  s.v = 5;
+  s.smoothing = 0.2f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "all_ignored";
+  s.ignore_fraction = 1.0;
+  s.smoothing = 0.1f;
+  s.z_loss = 1e-3f;
+  s.bias = BiasKind::kF32;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "no_tokens";
+  s.n = 0;
+  s.bias = BiasKind::kF32;
+  all.push_back(s);
+  return all;
+}
+
+// ---------------------------------------------------------------------------
+// A problem: the full inputs on the host and the ranks' split.
+
+struct Data {
+  Array hidden;                        // [N, H]
+  Array weight;                        // [V, H]
+  std::optional<Array> bias;           // [V]
+  Array targets;                       // [N] i64 or i32 (stored in `bytes`)
+  std::optional<Array> class_weights;  // [V] f32
+  Array grad_loss;                     // [] or [N]
+};
+
+Data MakeData(const Scenario& s, DType dtype, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Data d;
+  d.hidden = MakeArray(dtype, s.n, s.h, s.pad);
+  d.weight = MakeArray(dtype, s.v, s.h, s.pad);
+  const double scale = s.logit_scale / std::sqrt(static_cast<double>(s.h));
+  for (int64_t i = 0; i < s.n; ++i)
+    for (int64_t k = 0; k < s.h; ++k) d.hidden.Set(i, k, normal(rng));
+  for (int64_t j = 0; j < s.v; ++j)
+    for (int64_t k = 0; k < s.h; ++k) d.weight.Set(j, k, scale * normal(rng));
+  if (s.bias != BiasKind::kNone) {
+    d.bias = MakeVector(s.bias == BiasKind::kF32 ? DType::kF32 : dtype, s.v);
+    for (int64_t j = 0; j < s.v; ++j) d.bias->Set(0, j, 0.5 * normal(rng));
+  }
+  const DType target_type = s.targets_i32 ? DType::kI32 : DType::kI64;
+  d.targets.dtype = target_type;
+  d.targets.rows = 1;
+  d.targets.cols = s.n;
+  d.targets.matrix = false;
+  d.targets.bytes.assign(std::max<int64_t>(s.n, 1) * DTypeSize(target_type), 0);
+  std::uniform_int_distribution<int64_t> target(0, s.v - 1);
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t t = uniform(rng) < s.ignore_fraction ? kIgnore : target(rng);
+    if (s.targets_i32) {
+      const int32_t t32 = static_cast<int32_t>(t);
+      std::memcpy(d.targets.bytes.data() + 4 * i, &t32, 4);
+    } else {
+      std::memcpy(d.targets.bytes.data() + 8 * i, &t, 8);
+    }
+  }
+  if (s.class_weights) {
+    d.class_weights = MakeVector(DType::kF32, s.v);
+    for (int64_t j = 0; j < s.v; ++j)
+      d.class_weights->Set(0, j, 0.5 + 1.5 * uniform(rng));
+  }
+  if (s.reduction == Reduction::kNone) {
+    d.grad_loss = MakeVector(DType::kF32, s.n);
+    for (int64_t i = 0; i < s.n; ++i) d.grad_loss.Set(0, i, normal(rng));
+  } else {
+    d.grad_loss = MakeScalar();
+    d.grad_loss.Set(0, 0, 0.5 + uniform(rng));
+  }
+  return d;
+}
+
+Tensor TargetsView(Data& d) {
+  return Tensor::Of(d.targets.bytes.data(), d.targets.dtype, {d.targets.cols},
+                    Device::Cpu());
+}
+
+// A random split of [0, V) into `world` contiguous slices of >= 1 row.
+std::vector<int64_t> RandomOffsets(int64_t v, int world, std::mt19937_64& rng) {
+  std::vector<int64_t> cuts;
+  std::vector<int64_t> candidates;
+  for (int64_t j = 1; j < v; ++j) candidates.push_back(j);
+  std::shuffle(candidates.begin(), candidates.end(), rng);
+  cuts.assign(candidates.begin(), candidates.begin() + (world - 1));
+  cuts.push_back(0);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.push_back(v);
+  return cuts;  // [world + 1]: rank r holds [cuts[r], cuts[r + 1])
+}
+
+// The outputs of one call: loss and lse, d_hidden per rank, d_weight and
+// d_bias of the whole vocabulary (rank r writes its rows).
+struct Outputs {
+  Array loss;
+  Array lse;
+  std::vector<Array> d_hidden;  // one per rank (one for the single device)
+  Array d_weight;
+  std::optional<Array> d_bias;
+  std::vector<Array> loss_per_rank;
+  std::vector<Array> lse_per_rank;
+};
+
+Array MakeLoss(const Scenario& s) {
+  return s.reduction == Reduction::kNone ? MakeVector(DType::kF32, s.n)
+                                         : MakeScalar();
+}
+
+Outputs MakeOutputs(const Scenario& s, DType dtype, int ranks) {
+  Outputs o;
+  o.loss = MakeLoss(s);
+  o.lse = MakeVector(DType::kF32, s.n);
+  for (int r = 0; r < ranks; ++r) {
+    o.d_hidden.push_back(
+        MakeArray(s.d_hidden_f32 ? DType::kF32 : dtype, s.n, s.h, s.pad));
+    o.loss_per_rank.push_back(MakeLoss(s));
+    o.lse_per_rank.push_back(MakeVector(DType::kF32, s.n));
+  }
+  o.d_weight = MakeArray(s.d_weight_f32 ? DType::kF32 : dtype, s.v, s.h, s.pad);
+  if (s.bias != BiasKind::kNone) {
+    const DType bias_type = s.bias == BiasKind::kF32 ? DType::kF32 : dtype;
+    o.d_bias = MakeVector(s.d_bias_f32 ? DType::kF32 : bias_type, s.v);
+  }
+  return o;
+}
+
+LinearCrossEntropyOptions Options(const Scenario& s, Data& d,
+                                  std::optional<Tensor> class_weights) {
+  LinearCrossEntropyOptions options;
+  options.cross_entropy.ignore_index = kIgnore;
+  options.cross_entropy.reduction = s.reduction;
+  options.cross_entropy.label_smoothing = s.smoothing;
+  options.cross_entropy.z_loss = s.z_loss;
+  options.cross_entropy.softcap = s.softcap;
+  options.cross_entropy.entropy_weight = s.entropy_weight;
+  options.cross_entropy.class_weights = class_weights;
+  (void)d;
+  return options;
+}
+
+enum class Call { kFused, kFusedGradLoss, kForward, kBackward };
+
+// The single-device op on the full weight. kBackward takes `saved_lse`.
+absl::Status RunSingle(const Scenario& s, Data& d, Outputs& o, Call call,
+                       const Array* saved_lse) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> context,
+                   Context::Create(Device::Cpu()));
+  LinearCrossEntropyInputs in;
+  in.hidden = d.hidden.View();
+  in.weight = d.weight.View();
+  if (d.bias.has_value()) in.bias = d.bias->View();
+  in.targets = TargetsView(d);
+  std::optional<Tensor> cw;
+  if (d.class_weights.has_value()) cw = d.class_weights->View();
+  LinearCrossEntropyOptions options = Options(s, d, cw);
+  LinearCrossEntropyGradients g;
+  g.d_hidden = o.d_hidden[0].View();
+  g.d_weight = o.d_weight.View();
+  if (o.d_bias.has_value()) g.d_bias = o.d_bias->View();
+  const Tensor loss = o.loss.View();
+  const Tensor lse = o.lse.View();
+  const Tensor grad_loss = d.grad_loss.View();
+  switch (call) {
+    case Call::kFused:
+      return LinearCrossEntropyForwardBackward(*context, in, options, loss,
+                                               &lse, g);
+    case Call::kFusedGradLoss:
+      return LinearCrossEntropyForwardBackward(*context, in, options, loss,
+                                               &lse, g, &grad_loss);
+    case Call::kForward:
+      return LinearCrossEntropyForward(*context, in, options, loss, &lse);
+    case Call::kBackward: {
+      Array copy = *saved_lse;
+      return LinearCrossEntropyBackward(*context, in, copy.View(), grad_loss,
+                                        options, g);
+    }
+  }
+  return absl::InternalError("unreachable");
+}
+
+// Changes one rank's arguments (bad-input tests) before its call.
+using Tamper =
+    std::function<void(int rank, VocabShard&, LinearCrossEntropyInputs&,
+                       LinearCrossEntropyOptions&)>;
+
+// The vocabulary-parallel op over `cuts.size() - 1` ranks, one thread each.
+std::vector<absl::Status> RunParallel(const Scenario& s, Data& d, Outputs& o,
+                                      const std::vector<int64_t>& cuts,
+                                      Call call, const Array* saved_lse,
+                                      const Tamper& tamper = nullptr) {
+  const int world = static_cast<int>(cuts.size()) - 1;
+  auto comms = CpuCommunicatorGroup::Create(world, absl::Seconds(20));
+  std::vector<absl::Status> results(world);
+  if (!comms.ok()) {
+    results.assign(world, comms.status());
+    return results;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto context = Context::Create(Device::Cpu());
+      if (!context.ok()) {
+        results[r] = context.status();
+        // Still meet the others: a rank without a context would hang them.
+        absl::Status aborted = (*comms)[r]->Abort("no context");
+        (void)aborted;
+        return;
+      }
+      const int64_t begin = cuts[r];
+      const int64_t count = cuts[r + 1] - begin;
+      VocabShard shard{(*comms)[r].get(), begin, s.v};
+      LinearCrossEntropyInputs in;
+      in.hidden = d.hidden.View();
+      in.weight = d.weight.View(begin, count);
+      if (d.bias.has_value()) in.bias = VectorSlice(*d.bias, begin, count);
+      in.targets = TargetsView(d);
+      std::optional<Tensor> cw;
+      if (d.class_weights.has_value())
+        cw = VectorSlice(*d.class_weights, begin, count);
+      LinearCrossEntropyOptions options = Options(s, d, cw);
+      options.max_workspace_bytes = s.budget;
+      LinearCrossEntropyGradients g;
+      g.d_hidden = o.d_hidden[r].View();
+      g.d_weight = o.d_weight.View(begin, count);
+      if (o.d_bias.has_value()) g.d_bias = VectorSlice(*o.d_bias, begin, count);
+      if (tamper) tamper(r, shard, in, options);
+      const Tensor loss = o.loss_per_rank[r].View();
+      const Tensor lse = o.lse_per_rank[r].View();
+      const Tensor grad_loss = d.grad_loss.View();
+      Context& ctx = **context;
+      switch (call) {
+        case Call::kFused:
+          results[r] = VocabParallelLinearCrossEntropyForwardBackward(
+              ctx, shard, in, options, loss, &lse, g);
+          break;
+        case Call::kFusedGradLoss:
+          results[r] = VocabParallelLinearCrossEntropyForwardBackward(
+              ctx, shard, in, options, loss, &lse, g, &grad_loss);
+          break;
+        case Call::kForward:
+          results[r] = VocabParallelLinearCrossEntropyForward(
+              ctx, shard, in, options, loss, &lse);
+          break;
+        case Call::kBackward: {
+          Array copy = *saved_lse;
+          results[r] = VocabParallelLinearCrossEntropyBackward(
+              ctx, shard, in, copy.View(), grad_loss, options, g);
+          break;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return results;
+}
+
+// ---------------------------------------------------------------------------
+// Comparisons.
+
+void ExpectAllWritten(const Array& a, const std::string& what) {
+  int64_t unwritten = 0;
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t j = 0; j < a.cols; ++j)
+      if (std::isnan(a.Get(i, j))) ++unwritten;
+  EXPECT_EQ(unwritten, 0) << what << ": NaN or unwritten elements";
+}
+
+void ExpectLossClose(const Array& got, const Array& want,
+                     const std::string& what) {
+  for (int64_t j = 0; j < want.cols; ++j) {
+    const double w = want.Get(0, j), g = got.Get(0, j);
+    EXPECT_NEAR(g, w, 1e-5 * std::abs(w) + 1e-6) << what << "[" << j << "]";
+  }
+}
+
+void ExpectGradClose(const Array& got, const Array& want, bool sixteen_bit,
+                     const std::string& what) {
+  double max_abs = 0.0, diff2 = 0.0, norm2 = 0.0, worst = 0.0;
+  int64_t worst_index = -1;
+  for (int64_t i = 0; i < want.rows; ++i) {
+    for (int64_t j = 0; j < want.cols; ++j) {
+      const double w = want.Get(i, j), g = got.Get(i, j);
+      ASSERT_FALSE(std::isnan(g)) << what << "[" << i << ", " << j << "]";
+      max_abs = std::max(max_abs, std::abs(w));
+      diff2 += (g - w) * (g - w);
+      norm2 += w * w;
+      if (std::abs(g - w) > worst) {
+        worst = std::abs(g - w);
+        worst_index = i * want.cols + j;
+      }
+    }
+  }
+  const double tolerance = (sixteen_bit ? 2e-2 : 1e-5) * max_abs + 1e-30;
+  EXPECT_LE(worst, tolerance) << what << ": worst element " << worst_index
+                              << " of max |" << max_abs << "|";
+  if (sixteen_bit && norm2 > 0) {
+    EXPECT_LE(std::sqrt(diff2 / norm2), 2e-3) << what << ": norm-wise";
+  }
+}
+
+bool SameBytes(const Array& a, const Array& b) { return a.bytes == b.bytes; }
+
+// ---------------------------------------------------------------------------
+// The parameterized cases.
+
+struct Case {
+  Scenario scenario;
+  DType dtype;
+  int world;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.scenario.name << " " << DTypeName(c.dtype) << " P=" << c.world;
+}
+
+std::string CaseName(const testing::TestParamInfo<Case>& info) {
+  return absl::StrCat(info.param.scenario.name, "_",
+                      DTypeName(info.param.dtype), "_P", info.param.world);
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (const Scenario& s : Scenarios()) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int world : {1, 2, 3, 4}) {
+        if (world > s.v) continue;
+        cases.push_back({s, dtype, world});
+      }
+    }
+  }
+  return cases;
+}
+
+class VocabParallelTest : public testing::TestWithParam<Case> {};
+
+void CheckAgainst(const Scenario& s, DType dtype, int world, Outputs& got,
+                  Outputs& want, bool gradients, bool loss) {
+  const bool sixteen = dtype != DType::kF32;
+  for (int r = 0; r < world; ++r) {
+    const std::string rank = absl::StrCat("rank ", r, ": ");
+    if (loss) {
+      ExpectAllWritten(got.loss_per_rank[r], rank + "loss");
+      ExpectLossClose(got.loss_per_rank[r], want.loss, rank + "loss");
+      ExpectAllWritten(got.lse_per_rank[r], rank + "lse");
+      ExpectLossClose(got.lse_per_rank[r], want.lse, rank + "lse");
+      EXPECT_TRUE(SameBytes(got.loss_per_rank[r], got.loss_per_rank[0]))
+          << rank << "loss differs from rank 0's";
+      EXPECT_TRUE(SameBytes(got.lse_per_rank[r], got.lse_per_rank[0]))
+          << rank << "lse differs from rank 0's";
+    }
+    if (gradients) {
+      ExpectGradClose(got.d_hidden[r], want.d_hidden[0], sixteen,
+                      rank + "d_hidden");
+      EXPECT_TRUE(SameBytes(got.d_hidden[r], got.d_hidden[0]))
+          << rank << "d_hidden differs from rank 0's";
+    }
+  }
+  if (gradients) {
+    ExpectGradClose(got.d_weight, want.d_weight, sixteen, "d_weight");
+    if (want.d_bias.has_value())
+      ExpectGradClose(*got.d_bias, *want.d_bias, sixteen, "d_bias");
+  }
+  (void)s;
+}
+
+TEST_P(VocabParallelTest, MatchesSingleDevice) {
+  const Case& c = GetParam();
+  const Scenario& s = c.scenario;
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  Data d = MakeData(s, c.dtype, rng);
+  const std::vector<int64_t> cuts = RandomOffsets(s.v, c.world, rng);
+  SCOPED_TRACE(absl::StrCat("split ", absl::StrJoin(cuts, ",")));
+
+  for (Call call : {Call::kFused, Call::kFusedGradLoss}) {
+    SCOPED_TRACE(call == Call::kFused ? "fused" : "fused with grad_loss");
+    Outputs want = MakeOutputs(s, c.dtype, 1);
+    ASSERT_OK(RunSingle(s, d, want, call, nullptr));
+    Outputs got = MakeOutputs(s, c.dtype, c.world);
+    for (const absl::Status& status :
+         RunParallel(s, d, got, cuts, call, nullptr))
+      ASSERT_OK(status);
+    CheckAgainst(s, c.dtype, c.world, got, want, true, true);
+    // Run to run: the same bytes.
+    Outputs again = MakeOutputs(s, c.dtype, c.world);
+    for (const absl::Status& status :
+         RunParallel(s, d, again, cuts, call, nullptr))
+      ASSERT_OK(status);
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_TRUE(SameBytes(again.loss_per_rank[r], got.loss_per_rank[r]));
+      EXPECT_TRUE(SameBytes(again.lse_per_rank[r], got.lse_per_rank[r]));
+      EXPECT_TRUE(SameBytes(again.d_hidden[r], got.d_hidden[r]));
+    }
+    EXPECT_TRUE(SameBytes(again.d_weight, got.d_weight));
+    if (got.d_bias.has_value()) {
+      EXPECT_TRUE(SameBytes(*again.d_bias, *got.d_bias));
+    }
+  }
+
+  // The split forward, then the split backward from its lse.
+  Outputs want = MakeOutputs(s, c.dtype, 1);
+  ASSERT_OK(RunSingle(s, d, want, Call::kForward, nullptr));
+  Outputs got = MakeOutputs(s, c.dtype, c.world);
+  for (const absl::Status& status :
+       RunParallel(s, d, got, cuts, Call::kForward, nullptr))
+    ASSERT_OK(status);
+  CheckAgainst(s, c.dtype, c.world, got, want, false, true);
+  if (s.entropy_weight != 0.0f) return;  // no split backward
+  const Array saved = got.lse_per_rank[0];
+  Outputs want_grad = MakeOutputs(s, c.dtype, 1);
+  ASSERT_OK(RunSingle(s, d, want_grad, Call::kBackward, &saved));
+  Outputs got_grad = MakeOutputs(s, c.dtype, c.world);
+  for (const absl::Status& status :
+       RunParallel(s, d, got_grad, cuts, Call::kBackward, &saved))
+    ASSERT_OK(status);
+  CheckAgainst(s, c.dtype, c.world, got_grad, want_grad, true, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, VocabParallelTest, testing::ValuesIn(Cases()),
+                         CaseName);
+
+// ---------------------------------------------------------------------------
+// Bad inputs: every rank gets an InvalidArgument, none hangs, nothing is
+// written.
+
+struct BadCase {
+  std::string name;
+  bool rank_local;  // only the tampered rank can see it
+  Tamper tamper;
+  // Changes the data that every rank reads (null: none).
+  std::function<void(Data&)> mutate = nullptr;
+};
+
+std::vector<BadCase> BadCases() {
+  std::vector<BadCase> cases;
+  cases.push_back({"weight_hidden_size", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs& in,
+                      LinearCrossEntropyOptions&) {
+                     if (rank == 1) in.weight.shape[1] -= 1;
+                   }});
+  cases.push_back({"offset_gap", false,
+                   [](int rank, VocabShard& shard, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions&) {
+                     if (rank == 2) shard.vocab_offset += 1;
+                   }});
+  cases.push_back({"vocab_mismatch", false,
+                   [](int rank, VocabShard& shard, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions&) {
+                     if (rank == 0) shard.vocab += 1;
+                   }});
+  cases.push_back({"offset_outside", true,
+                   [](int rank, VocabShard& shard, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions&) {
+                     if (rank == 2) shard.vocab_offset = shard.vocab;
+                   }});
+  cases.push_back(
+      {"negative_class_weight", true,
+       [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+          LinearCrossEntropyOptions& options) {
+         if (rank == 1) {
+           options.cross_entropy.class_weights->data_as<float>()[2] = -1.0f;
+         }
+       }});
+  cases.push_back({"budget_too_small_on_one_rank", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 3) options.max_workspace_bytes = 1024;
+                   }});
+  cases.push_back({"two_pass", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 0)
+                       options.schedule = LinearCrossEntropySchedule::kTwoPass;
+                   }});
+  cases.push_back({"target_out_of_range", false, nullptr, [](Data& d) {
+                     const int64_t bad = 1000;
+                     std::memcpy(d.targets.bytes.data() + 8 * 3, &bad, 8);
+                   }});
+  return cases;
+}
+
+TEST(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
+  Scenario s;
+  s.class_weights = true;
+  s.bias = BiasKind::kF32;
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> cuts = {0, 40, 101, 150, s.v};
+  for (const BadCase& bad : BadCases()) {
+    SCOPED_TRACE(bad.name);
+    // Fresh data per case: some cases change values behind the views.
+    Data d = MakeData(s, DType::kF32, rng);
+    if (bad.mutate) bad.mutate(d);
+    Outputs o = MakeOutputs(s, DType::kF32, 4);
+    const std::vector<absl::Status> results =
+        RunParallel(s, d, o, cuts, Call::kFusedGradLoss, nullptr, bad.tamper);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kInvalidArgument)
+          << "rank " << r << ": " << results[r];
+      const Array* outputs[] = {&o.loss_per_rank[r], &o.lse_per_rank[r],
+                                &o.d_hidden[r]};
+      for (const Array* a : outputs) {
+        EXPECT_TRUE(std::all_of(a->bytes.begin(), a->bytes.end(),
+                                [](uint8_t b) { return b == 0xFF; }))
+            << "rank " << r << " wrote an output";
+      }
+    }
+    for (const Array* a : {&o.d_weight, &*o.d_bias}) {
+      EXPECT_TRUE(std::all_of(a->bytes.begin(), a->bytes.end(), [](uint8_t b) {
+        return b == 0xFF;
+      })) << "a gradient was written";
+    }
+    if (bad.rank_local) {
+      // The other ranks name the rank that rejected its inputs.
+      int naming = 0;
+      for (int r = 0; r < 4; ++r) {
+        if (absl::StrContains(results[r].message(), "rejected its inputs"))
+          ++naming;
+      }
+      EXPECT_EQ(naming, 3) << results[0] << " / " << results[1];
+    }
+    // The group still works after a rejected call.
+    Outputs good = MakeOutputs(s, DType::kF32, 4);
+    Data fresh = MakeData(s, DType::kF32, rng);
+    for (const absl::Status& status :
+         RunParallel(s, fresh, good, cuts, Call::kFused, nullptr))
+      EXPECT_TRUE(status.ok()) << status;
+  }
+}
+
+TEST(VocabParallelBadInput, NullCommunicator) {
+  Scenario s;
+  std::mt19937_64 rng(std::random_device{}());
+  Data d = MakeData(s, DType::kF32, rng);
+  Outputs o = MakeOutputs(s, DType::kF32, 1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  VocabShard shard{nullptr, 0, s.v};
+  LinearCrossEntropyInputs in{d.hidden.View(), d.weight.View(), std::nullopt,
+                              TargetsView(d)};
+  const absl::Status status = VocabParallelLinearCrossEntropyForward(
+      *context, shard, in, LinearCrossEntropyOptions(), o.loss.View());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(std::isnan(o.loss.Get(0, 0)));
+}
+
+}  // namespace
+}  // namespace lossrt
