@@ -29,6 +29,7 @@
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
 #include "tests/graph/op_test_util.h"
+#include "tests/graph/optim/adamw_reference.h"
 
 namespace lossrt {
 namespace optim {
@@ -51,52 +52,11 @@ std::vector<double> RoundAll(DType dtype, std::vector<double> values) {
   return values;
 }
 
-// ---- The double-precision reference ----
+// ---- The double-precision reference (adamw_reference.h) ----
 
-struct Reference {
-  std::vector<double> params, m, v;
-};
-
-// Compensated (Kahan) summation in long double: accurate far beyond the
-// double sums under test, whatever their order.
-double ReferenceNorm(const std::vector<double>& grads) {
-  long double sum = 0.0L, compensation = 0.0L;
-  for (double g : grads) {
-    const long double term =
-        static_cast<long double>(g) * static_cast<long double>(g) -
-        compensation;
-    const long double next = sum + term;
-    compensation = (next - sum) - term;
-    sum = next;
-  }
-  return static_cast<double>(std::sqrt(sum));
-}
-
-// One AdamW step in double; returns the norm before clipping.
-double ReferenceStep(Reference& state, const std::vector<double>& grads,
-                     const AdamWOptions& options, double lr, int64_t step,
-                     int64_t decay_count) {
-  const double norm = ReferenceNorm(grads);
-  const double max_norm = options.max_grad_norm;
-  const double scale =
-      max_norm > 0.0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
-  const double beta1 = options.beta1, beta2 = options.beta2;
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const double g = grads[i] * scale;
-    state.m[i] = beta1 * state.m[i] + (1.0 - beta1) * g;
-    state.v[i] = beta2 * state.v[i] + (1.0 - beta2) * g * g;
-    const double m_hat = state.m[i] / bias1;
-    const double v_hat = state.v[i] / bias2;
-    double& p = state.params[i];
-    if (static_cast<int64_t>(i) < decay_count) {
-      p -= lr * options.weight_decay * p;
-    }
-    p -= lr * m_hat / (std::sqrt(v_hat) + options.eps);
-  }
-  return norm;
-}
+using Reference = test::AdamWReference;
+using test::ReferenceNorm;
+using test::ReferenceStep;
 
 // ---- Tensors of one optimizer state on a device ----
 
