@@ -86,7 +86,8 @@ ABSL_FLAG(double, bucket_mib, lossrt::bench::kBucketMibUnset,
           "Data parallel: MiB of gradients per all-reduce bucket; 0: one "
           "all-reduce of every gradient after the backward. Unset (-1): 25 "
           "MiB with --gpus > 1, no communicator with --gpus=1; given with "
-          "--gpus=1, a 1-rank NCCL group runs the bucket code path.");
+          "--gpus=1, a 1-rank NCCL group runs the bucket code path. --zero1 "
+          "reduce-scatters the whole buffer at once (no buckets).");
 ABSL_FLAG(bool, zero1, false,
           "Data parallel: shard the AdamW moments over the ranks (ZeRO-1: "
           "reduce-scatter, update a shard, all-gather); with --gpus=1 a "
@@ -380,15 +381,23 @@ std::string BucketMib(const TrainStepOptions& o) {
   return absl::StrFormat("%.6g", bench::BucketBytes(o.bucket_mib) / 1048576.0);
 }
 
+// The gradients' collectives of a data-parallel step.
+std::string Collectives(const TrainStepOptions& o) {
+  // ZeRO-1 reduce-scatters the whole buffer at once: no buckets.
+  if (o.zero1) {
+    return "ZeRO-1: one reduce-scatter and one all-gather a step, sharded "
+           "AdamW moments";
+  }
+  if (o.bucket_mib == 0) return "one all-reduce after the backward";
+  return absl::StrCat(BucketMib(o), " MiB all-reduce buckets");
+}
+
 void PrintResult(const TrainStepOptions& o, const Result& r) {
   const double tflops = r.mfu * o.peak_tflops;
   std::string where;
   if (r.communicator) {
-    where = absl::StrFormat(
-        ", %d GPU%s over NCCL (%s%s)", r.gpus, r.gpus == 1 ? "" : "s",
-        o.bucket_mib == 0 ? std::string("one all-reduce")
-                          : absl::StrCat(BucketMib(o), " MiB buckets"),
-        o.zero1 ? ", ZeRO-1" : "");
+    where = absl::StrFormat(", %d GPU%s over NCCL (%s)", r.gpus,
+                            r.gpus == 1 ? "" : "s", Collectives(o));
   } else if (r.baseline_tokens_per_s.has_value() || o.gpus > 1 ||
              bench::UsesCommunicator(o)) {
     where = ", 1 GPU alone (baseline)";
@@ -431,12 +440,9 @@ absl::Status Run(const TrainStepOptions& o) {
       static_cast<int>(o.batch), static_cast<int>(o.seq),
       data_parallel ? " per GPU" : "");
   if (data_parallel) {
-    std::printf("data parallel: %d GPU%s over NCCL, %s, %s%s\n",
+    std::printf("data parallel: %d GPU%s over NCCL, %s%s\n",
                 static_cast<int>(o.gpus), o.gpus == 1 ? "" : "s",
-                o.bucket_mib == 0
-                    ? "one all-reduce after the backward"
-                    : absl::StrCat(BucketMib(o), " MiB buckets").c_str(),
-                o.zero1 ? "ZeRO-1 (sharded AdamW moments)" : "replicated AdamW",
+                Collectives(o).c_str(),
                 o.baseline ? "; one GPU alone first, for the scaling" : "");
   }
   const bool profile = absl::GetFlag(FLAGS_profile);
