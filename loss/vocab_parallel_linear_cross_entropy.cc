@@ -60,8 +60,42 @@ enum Field : int64_t {
   kHidden,
   kChunkRows,  // the most rows a chunk may have on this rank
   kPass,
+  kOptions,  // a hash of the options that decide the collectives and results
+  kTargets,  // a hash of the targets (the same on every rank)
   kFields,
 };
+
+// FNV-1a over bytes, folded into `hash`.
+uint64_t Fnv(uint64_t hash, const void* data, size_t bytes) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  return hash;
+}
+
+template <typename T>
+uint64_t FnvValue(uint64_t hash, const T& value) {
+  return Fnv(hash, &value, sizeof(value));
+}
+
+int64_t OptionsHash(const CrossEntropyOptions& ce) {
+  uint64_t hash = 14695981039346656037ull;
+  hash = FnvValue(hash, ce.ignore_index);
+  hash = FnvValue(hash, static_cast<int>(ce.reduction));
+  hash = FnvValue(hash, ce.label_smoothing);
+  hash = FnvValue(hash, ce.z_loss);
+  hash = FnvValue(hash, ce.softcap);
+  hash = FnvValue(hash, ce.entropy_weight);
+  hash = FnvValue(hash, ce.class_weights.has_value());
+  hash = FnvValue(hash, ce.validate_targets);
+  return static_cast<int64_t>(hash >> 1);
+}
+
+int64_t TargetsHash(const Tensor& targets) {
+  const uint64_t hash =
+      Fnv(14695981039346656037ull, targets.data,
+          static_cast<size_t>(targets.dim(0) * DTypeSize(targets.dtype)));
+  return static_cast<int64_t>(hash >> 1);
+}
 
 float LoadHost(const void* base, DType type, int64_t i) {
   switch (type) {
@@ -354,6 +388,16 @@ absl::Status CheckRecords(const int64_t* records, int world_size, int rank,
                                first[field]);
       }
     }
+    if (rec[kOptions] != first[kOptions]) {
+      return InvalidArgument(
+          "vocab shard: rank ", r,
+          "'s cross-entropy options (or whether it has class weights) differ "
+          "from rank 0's");
+    }
+    if (rec[kTargets] != first[kTargets]) {
+      return InvalidArgument("vocab shard: rank ", r,
+                             "'s targets differ from rank 0's");
+    }
     if (rec[kOffset] != expected_offset) {
       return InvalidArgument("vocab shard: rank ", r, "'s slice starts at ",
                              rec[kOffset], ", expected ", expected_offset,
@@ -518,6 +562,8 @@ absl::Status Runner::Exchange(const absl::Status& local) {
     mine[kHidden] = p_.hidden;
     mine[kChunkRows] = layout_.max_rows;
     mine[kPass] = static_cast<int64_t>(p_.pass);
+    mine[kOptions] = OptionsHash(ce_);
+    mine[kTargets] = TargetsHash(p_.inputs->targets);
   }
   RETURN_IF_ERROR(comm_.AllGather(View(mine, DType::kI64, kFields),
                                   View(record, DType::kI64, world * kFields),

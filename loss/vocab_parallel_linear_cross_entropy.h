@@ -26,8 +26,10 @@
 // Tensors: as loss/linear_cross_entropy.h, with V_r in place of V for weight,
 // bias, class_weights, d_weight and d_bias. The ranks' slices must be
 // contiguous in rank order (rank 0 at offset 0, rank r + 1 starting where rank
-// r ends, the last ending at shard.vocab), each of at least one row; this and
-// N and H are checked across the ranks at every call.
+// r ends, the last ending at shard.vocab), each of at least one row. The
+// split, N, H, V, the cross-entropy options (whether class weights are given,
+// not their values) and the targets (a hash) are checked across the ranks at
+// every call.
 //
 // Options: every CrossEntropyOptions field works (ignore_index, reductions,
 // label_smoothing, z_loss, softcap, entropy_weight, class_weights,

@@ -4,9 +4,9 @@
 // single-device LinearCrossEntropyForwardBackward / Forward / Backward on the
 // full weight (loss/linear_cross_entropy.h).
 //
-// One parameterized case per scenario x operand dtype (f32, bf16) x world size
-// (1, 2, 3, 4), with a random uneven split of the vocabulary: the fused call
-// (with and without grad_loss), a repeat that must give the same bytes on
+// One parameterized case per scenario x operand dtype (f32, bf16, f16) x world
+// size (1, 2, 3, 4), with a random uneven split of the vocabulary: the fused
+// call (with and without grad_loss), a repeat that must give the same bytes on
 // every rank, the split forward (loss, lse) and the split backward from that
 // lse. Scenarios cover the options and combinations of
 // tests/loss/linear_cross_entropy_test.cc (bias kinds, reductions, ignored
@@ -407,7 +407,7 @@ Outputs MakeOutputs(const Scenario& s, DType dtype, int ranks) {
   return o;
 }
 
-LinearCrossEntropyOptions Options(const Scenario& s, Data& d,
+LinearCrossEntropyOptions Options(const Scenario& s,
                                   std::optional<Tensor> class_weights) {
   LinearCrossEntropyOptions options;
   options.cross_entropy.ignore_index = kIgnore;
@@ -417,7 +417,6 @@ LinearCrossEntropyOptions Options(const Scenario& s, Data& d,
   options.cross_entropy.softcap = s.softcap;
   options.cross_entropy.entropy_weight = s.entropy_weight;
   options.cross_entropy.class_weights = class_weights;
-  (void)d;
   return options;
 }
 
@@ -435,7 +434,7 @@ absl::Status RunSingle(const Scenario& s, Data& d, Outputs& o, Call call,
   in.targets = TargetsView(d);
   std::optional<Tensor> cw;
   if (d.class_weights.has_value()) cw = d.class_weights->View();
-  LinearCrossEntropyOptions options = Options(s, d, cw);
+  LinearCrossEntropyOptions options = Options(s, cw);
   LinearCrossEntropyGradients g;
   g.d_hidden = o.d_hidden[0].View();
   g.d_weight = o.d_weight.View();
@@ -500,7 +499,7 @@ std::vector<absl::Status> RunParallel(const Scenario& s, Data& d, Outputs& o,
       std::optional<Tensor> cw;
       if (d.class_weights.has_value())
         cw = VectorSlice(*d.class_weights, begin, count);
-      LinearCrossEntropyOptions options = Options(s, d, cw);
+      LinearCrossEntropyOptions options = Options(s, cw);
       options.max_workspace_bytes = s.budget;
       LinearCrossEntropyGradients g;
       g.d_hidden = o.d_hidden[r].View();
@@ -604,7 +603,7 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (const Scenario& s : Scenarios()) {
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int world : {1, 2, 3, 4}) {
         if (world > s.v) continue;
         cases.push_back({s, dtype, world});
@@ -616,8 +615,8 @@ std::vector<Case> Cases() {
 
 class VocabParallelTest : public testing::TestWithParam<Case> {};
 
-void CheckAgainst(const Scenario& s, DType dtype, int world, Outputs& got,
-                  Outputs& want, bool gradients, bool loss) {
+void CheckAgainst(DType dtype, int world, Outputs& got, Outputs& want,
+                  bool gradients, bool loss) {
   const bool sixteen = dtype != DType::kF32;
   for (int r = 0; r < world; ++r) {
     const std::string rank = absl::StrCat("rank ", r, ": ");
@@ -643,7 +642,6 @@ void CheckAgainst(const Scenario& s, DType dtype, int world, Outputs& got,
     if (want.d_bias.has_value())
       ExpectGradClose(*got.d_bias, *want.d_bias, sixteen, "d_bias");
   }
-  (void)s;
 }
 
 TEST_P(VocabParallelTest, MatchesSingleDevice) {
@@ -664,7 +662,7 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
     for (const absl::Status& status :
          RunParallel(s, d, got, cuts, call, nullptr))
       ASSERT_OK(status);
-    CheckAgainst(s, c.dtype, c.world, got, want, true, true);
+    CheckAgainst(c.dtype, c.world, got, want, true, true);
     // Run to run: the same bytes.
     Outputs again = MakeOutputs(s, c.dtype, c.world);
     for (const absl::Status& status :
@@ -688,7 +686,7 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   for (const absl::Status& status :
        RunParallel(s, d, got, cuts, Call::kForward, nullptr))
     ASSERT_OK(status);
-  CheckAgainst(s, c.dtype, c.world, got, want, false, true);
+  CheckAgainst(c.dtype, c.world, got, want, false, true);
   if (s.entropy_weight != 0.0f) return;  // no split backward
   const Array saved = got.lse_per_rank[0];
   Outputs want_grad = MakeOutputs(s, c.dtype, 1);
@@ -697,7 +695,7 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   for (const absl::Status& status :
        RunParallel(s, d, got_grad, cuts, Call::kBackward, &saved))
     ASSERT_OK(status);
-  CheckAgainst(s, c.dtype, c.world, got_grad, want_grad, true, false);
+  CheckAgainst(c.dtype, c.world, got_grad, want_grad, true, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, VocabParallelTest, testing::ValuesIn(Cases()),
@@ -755,6 +753,29 @@ std::vector<BadCase> BadCases() {
                       LinearCrossEntropyOptions& options) {
                      if (rank == 0)
                        options.schedule = LinearCrossEntropySchedule::kTwoPass;
+                   }});
+  cases.push_back({"class_weights_on_one_rank_only", false,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank != 2) options.cross_entropy.class_weights.reset();
+                   }});
+  cases.push_back({"smoothing_differs", false,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 3)
+                       options.cross_entropy.label_smoothing = 0.1f;
+                   }});
+  cases.push_back({"targets_differ", false,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs& in,
+                      LinearCrossEntropyOptions&) {
+                     // Rank 1's first target differs.
+                     if (rank == 1) {
+                       thread_local std::vector<int64_t> copy;
+                       const int64_t* t = in.targets.data_as<int64_t>();
+                       copy.assign(t, t + in.targets.dim(0));
+                       copy[0] = copy[0] == 0 ? 1 : 0;
+                       in.targets.data = copy.data();
+                     }
                    }});
   cases.push_back({"target_out_of_range", false, nullptr, [](Data& d) {
                      const int64_t bad = 1000;
