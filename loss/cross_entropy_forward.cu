@@ -89,10 +89,12 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy.
 // Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
-// logits, whose raw tiles take half the registers.
-template <typename T>
+// logits, whose raw tiles take half the registers. The extras' kernels keep an
+// argmax and a second sum a lane: one block fewer, so that they do not spill
+// (a spilling 16-bit kernel ran at less than half the speed).
+template <typename T, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  return sizeof(T) == 2 ? 4 : 3;
+  return kExtras ? 2 : (sizeof(T) == 2 ? 4 : 3);
 }
 
 // The row's reduced extras (PackExtras) from a lane's partials once the row's
@@ -113,7 +115,7 @@ __device__ __forceinline__ RowStats WarpRowExtras(
 // kExtras: the extras' statistics too (HasExtras), from the first pass (the
 // exact pass of a dominated row redoes only the sum).
 template <typename T, bool kVec, bool kOpt, bool kFastSum, bool kExtras = false>
-__global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T>())
+__global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T, kExtras>())
     WarpRowKernel(RowArgs args, int warps_per_row) {
   constexpr int R = PiecesPerThread<T, kVec>();
   using TileT = Tile<T, R, kVec>;
