@@ -57,7 +57,9 @@ std::unique_ptr<RawSocket> BoundSocket(bool listening) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   EXPECT_EQ(bind(raw->fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  if (listening) EXPECT_EQ(listen(raw->fd, 4), 0);
+  if (listening) {
+    EXPECT_EQ(listen(raw->fd, 4), 0);
+  }
   socklen_t length = sizeof(addr);
   getsockname(raw->fd, reinterpret_cast<sockaddr*>(&addr), &length);
   raw->port = ntohs(addr.sin_port);
