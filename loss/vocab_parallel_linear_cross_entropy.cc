@@ -6,6 +6,9 @@
 // all-reduced (kMax), then the row sums all-reduced (kSum, f64), the loss and
 // lse from those, the local dlogits from the global lse, d_hidden's partial
 // product all-reduced (kSum, f32), d_weight and d_bias accumulated locally.
+// The CUDA path (CudaRunner, kernels in
+// vocab_parallel_linear_cross_entropy_kernels.cu) runs the same steps on the
+// context's stream.
 //
 // The per-row math follows the cross-entropy's CPU twin
 // (loss/cross_entropy_cpu.cc) term for term, so that the results differ from
@@ -25,9 +28,25 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/loss_checks.h"
+#include "loss/vocab_parallel_linear_cross_entropy_kernels.h"
 #include "runtime/dtype.h"
 #include "runtime/int_math.h"
 #include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <optional>
+
+#include "absl/container/inlined_vector.h"
+#include "loss/cross_entropy_cuda.h"
+#include "loss/linear_cross_entropy_cuda.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_gemm.h"
+#include "runtime/cuda_status.h"
+#include "runtime/scoped_device.h"
+#endif
 
 namespace lossrt {
 namespace vplce {
@@ -39,31 +58,10 @@ using MatrixMap = Eigen::Map<RowMajor, 0, Eigen::OuterStride<>>;
 using ConstMatrixMap = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
 
 constexpr int64_t kAlignment = 256;
+// A chunk's regions (logits, row max, row sums, d_hidden partial, ones) are
+// each 256-aligned: the most bytes their alignment may add.
+constexpr int64_t kChunkSlack = 5 * kAlignment;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Per-row sums exchanged with kSum (f64): S = sum_j exp(z_j - M), the
-// smoothing's sum_j w_j (M - z_j), the owner's M - z_t, and the entropy's
-// centered sum sum_j exp(z_j - M) (z_j - M).
-constexpr int64_t kSumExp = 0;
-constexpr int64_t kSmoothSum = 1;
-constexpr int64_t kTargetGap = 2;
-constexpr int64_t kCentered = 3;
-constexpr int64_t kRowSums = 4;
-
-// The exchanged record of a rank (i64).
-enum Field : int64_t {
-  kOk,
-  kOffset,
-  kLocalVocab,
-  kVocab,
-  kTokens,
-  kHidden,
-  kChunkRows,  // the most rows a chunk may have on this rank
-  kPass,
-  kOptions,  // a hash of the options that decide the collectives and results
-  kTargets,  // a hash of the targets (the same on every rank)
-  kFields,
-};
 
 // FNV-1a over bytes, folded into `hash`.
 uint64_t Fnv(uint64_t hash, const void* data, size_t bytes) {
@@ -297,6 +295,8 @@ absl::Status CheckOutputs(const Context& context, const Problem& p) {
   return absl::OkStatus();
 }
 
+int64_t Aligned(int64_t bytes) { return RoundUp(bytes, kAlignment); }
+
 // The call's temporaries: per-call arrays first, then a token chunk's.
 struct Layout {
   int64_t row_loss = -1;       // f32 [N] (mean, sum)
@@ -307,14 +307,38 @@ struct Layout {
   int64_t d_bias_acc = -1;     // f32 [V_r] for a 16-bit d_bias
   int64_t record = 0;          // i64 [P * kFields + kFields]
   int64_t fixed_bytes = 0;
-  int64_t ld = 0;         // the logits' row stride (floats)
-  int64_t row_bytes = 0;  // bytes a chunk row takes
-  int64_t max_rows = 0;   // the most rows a chunk may take within the budget
+  int64_t ld = 0;          // the logits' row stride (floats)
+  int64_t row_bytes = 0;   // bytes a chunk row takes
+  int64_t max_rows = 0;    // the most rows a chunk may take within the budget
+  int64_t ones_bytes = 0;  // bytes of a chunk row's one (CUDA d_bias)
 };
 
-int64_t Aligned(int64_t bytes) { return RoundUp(bytes, kAlignment); }
+// The chunk's regions in its buffer.
+struct ChunkRegions {
+  float* logits = nullptr;   // [max_rows, ld]
+  float* row_max = nullptr;  // [max_rows]
+  double* sums = nullptr;    // [max_rows, kRowSums]
+  float* partial = nullptr;  // [max_rows, H]
+  void* ones = nullptr;      // [max_rows] of the operand dtype (CUDA)
+};
 
-absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
+ChunkRegions RegionsOf(void* buffer, const Layout& layout, int64_t hidden) {
+  ChunkRegions r;
+  char* base = static_cast<char*>(buffer);
+  r.logits = reinterpret_cast<float*>(base);
+  base += Aligned(4 * layout.max_rows * layout.ld);
+  r.row_max = reinterpret_cast<float*>(base);
+  base += Aligned(4 * layout.max_rows);
+  r.sums = reinterpret_cast<double*>(base);
+  base += Aligned(8 * kRowSums * layout.max_rows);
+  r.partial = reinterpret_cast<float*>(base);
+  base += Aligned(4 * layout.max_rows * hidden);
+  r.ones = base;
+  return r;
+}
+
+absl::Status PlanLayout(const Problem& p, int world_size, bool cuda,
+                        Layout& layout) {
   const int64_t n = p.tokens;
   const int64_t v = p.local_vocab;
   const LinearCrossEntropyInputs& in = *p.inputs;
@@ -340,18 +364,21 @@ absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
                           4 * v);
   layout.fixed_bytes = size;
   layout.ld = RoundUp(v, int64_t{8});
-  // logits, the row max, the row sums, d_hidden's partial row.
+  // logits, the row max, the row sums, d_hidden's partial row, and (CUDA,
+  // d_bias) a one in the operand dtype: d_bias as a GEMV.
+  const bool ones = cuda && in.bias.has_value() && p.backward();
+  layout.ones_bytes = ones ? DTypeSize(in.hidden.dtype) : 0;
   layout.row_bytes = 4 * layout.ld + 4 + 8 * kRowSums +
-                     (p.backward() ? 4 * p.hidden : 0) + 4 * kAlignment / 64;
+                     (p.backward() ? 4 * p.hidden : 0) + layout.ones_bytes;
   const int64_t room =
-      p.options->max_workspace_bytes - layout.fixed_bytes - 4 * kAlignment;
+      p.options->max_workspace_bytes - layout.fixed_bytes - kChunkSlack;
   layout.max_rows = room / layout.row_bytes;
   if (n > 0 && layout.max_rows < 1) {
     return InvalidArgument(
         "max_workspace_bytes = ", p.options->max_workspace_bytes,
         " is too small for one chunk of this problem (N = ", n,
         ", H = ", p.hidden, ", V_r = ", v, "): it needs at least ",
-        layout.fixed_bytes + 4 * kAlignment + layout.row_bytes, " bytes");
+        layout.fixed_bytes + kChunkSlack + layout.row_bytes, " bytes");
   }
   layout.max_rows =
       std::min(std::max<int64_t>(layout.max_rows, 1), std::max<int64_t>(n, 1));
@@ -367,9 +394,14 @@ struct Agreed {
 // Checks the ranks' records: every rank valid, one N, H, V and pass, slices
 // contiguous in rank order covering [0, V).
 absl::Status CheckRecords(const int64_t* records, int world_size, int rank,
-                          Agreed& agreed) {
+                          bool validate_targets, Agreed& agreed) {
   for (int r = 0; r < world_size; ++r) {
-    if (records[r * kFields + kOk] == 0 && r != rank) {
+    const int64_t* rec = records + r * kFields;
+    // The device's verdict on a rank's targets and class weights (CUDA; 0 on
+    // the CPU, which checks them before the exchange).
+    const bool rejected = rec[kOk] == 0 || rec[kNegativeWeights] > 0 ||
+                          (validate_targets && rec[kInvalid] > 0);
+    if (rejected && r != rank) {
       return InvalidArgument(
           "vocabulary-parallel linear cross-entropy: rank ", r,
           " rejected its inputs (see its error); nothing was written");
@@ -507,7 +539,7 @@ float* Runner::FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
 }
 
 absl::Status Runner::Prepare() {
-  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
+  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), /*cuda=*/false, layout_));
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
   const int64_t v = p_.local_vocab;
@@ -526,9 +558,9 @@ absl::Status Runner::Prepare() {
   ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
                                std::max<int64_t>(layout_.fixed_bytes, 1)));
   if (n > 0) {
-    ASSIGN_OR_RETURN(
-        chunk_, context_.allocator().Allocate(
-                    layout_.max_rows * layout_.row_bytes + 4 * kAlignment));
+    ASSIGN_OR_RETURN(chunk_,
+                     context_.allocator().Allocate(
+                         layout_.max_rows * layout_.row_bytes + kChunkSlack));
     absl::Status status;
     hidden_ = FloatCopy(in.hidden, hidden_copy_, hidden_ld_, status);
     RETURN_IF_ERROR(status);
@@ -569,7 +601,7 @@ absl::Status Runner::Exchange(const absl::Status& local) {
                                   View(record, DType::kI64, world * kFields),
                                   context_));
   RETURN_IF_ERROR(local);
-  return CheckRecords(record, world, rank, agreed_);
+  return CheckRecords(record, world, rank, ce_.validate_targets, agreed_);
 }
 
 absl::Status Runner::Run(const absl::Status& checks) {
@@ -650,14 +682,11 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   const float cap = ce_.softcap;
   const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
-  char* base = static_cast<char*>(chunk_.data());
-  float* logits = reinterpret_cast<float*>(base);  // [rows, ld]
-  base += Aligned(4 * layout_.max_rows * ld);
-  float* row_max = reinterpret_cast<float*>(base);  // [rows]
-  base += Aligned(4 * layout_.max_rows);
-  double* sums = reinterpret_cast<double*>(base);  // [rows, kRowSums]
-  base += Aligned(8 * kRowSums * layout_.max_rows);
-  float* partial = reinterpret_cast<float*>(base);  // [rows, H]
+  const ChunkRegions regions = RegionsOf(chunk_.data(), layout_, h);
+  float* logits = regions.logits;    // [rows, ld]
+  float* row_max = regions.row_max;  // [rows]
+  double* sums = regions.sums;       // [rows, kRowSums]
+  float* partial = regions.partial;  // [rows, H]
 
   const ConstMatrixMap hidden(hidden_ + row_begin * hidden_ld_, rows, h,
                               Eigen::OuterStride<>(hidden_ld_));  // [rows, H]
@@ -890,20 +919,463 @@ absl::Status Runner::Finish() {
   return absl::OkStatus();
 }
 
+#ifdef LOSSRT_WITH_CUDA
+// The CUDA path: the same exchange and chunk loop with the chunk's logits from
+// the context's GEMM runner and the row statistics and dlogits from the
+// kernels of vocab_parallel_linear_cross_entropy_kernels.h, every collective
+// queued on the context's stream. The targets are checked on the device and
+// their verdict travels in the record, so that the exchange needs the call's
+// one wait for the stream (the records' readback).
+class CudaRunner {
+ public:
+  CudaRunner(Context& context, const Problem& p)
+      : context_(context),
+        p_(p),
+        comm_(*p.shard->communicator),
+        ce_(p.options->cross_entropy),
+        operand_(p.inputs->hidden.dtype),
+        e_(DTypeSize(p.inputs->hidden.dtype)) {}
+
+  absl::Status Run(const absl::Status& checks);
+
+ private:
+  template <typename T>
+  T* At(int64_t offset) const {
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
+  }
+  Tensor View(void* data, DType dtype, int64_t count) const {
+    return Tensor::Of(data, dtype, {count}, context_.device());
+  }
+  const char* RowOf(const Tensor& tensor, int64_t row) const {
+    return static_cast<const char*>(tensor.data) +
+           row * tensor.effective_row_stride() * DTypeSize(tensor.dtype);
+  }
+  const void* Targets(int64_t row) const {
+    return static_cast<const char*>(p_.inputs->targets.data) +
+           row * DTypeSize(p_.inputs->targets.dtype);
+  }
+  absl::Status Prepare();
+  absl::Status Exchange(const absl::Status& local);
+  absl::Status Chunk(int64_t row_begin, int64_t row_end);
+  absl::Status Finish();
+  absl::Status Gemm(const GemmCall& call) { return gemm_->Run(call, stream_); }
+
+  Context& context_;
+  const Problem& p_;
+  Communicator& comm_;
+  const CrossEntropyOptions& ce_;
+  const DType operand_;
+  const int64_t e_;  // operand bytes
+
+  std::optional<ScopedDevice> device_;
+  cudaStream_t stream_ = nullptr;
+  GemmRunner* gemm_ = nullptr;
+  std::optional<GemmRunner> tf32_gemm_;
+  Layout layout_;
+  Agreed agreed_;
+  Buffer block_;  // per-call arrays (device)
+  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial, ones (device)
+  ChunkRegions regions_;
+  const float* bias_ = nullptr;           // [V_r] fp32 or null
+  const float* class_weights_ = nullptr;  // [V_r] or null
+  float* lse_ = nullptr;                  // [N]
+  float* row_loss_ = nullptr;             // [N] or null
+  double* target_weight_ = nullptr;       // [N] or null (no class weights)
+  float* d_weight_acc_ = nullptr;
+  float* d_bias_acc_ = nullptr;
+  double weight_total_ = 0.0;
+  double ce_scale_ = 1.0;  // 1 / ce_denominator (mean), else 1
+  double z_scale_ = 1.0;
+  float dlogits_scale_ = 1.0f;
+};
+
+absl::Status CudaRunner::Prepare() {
+  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), /*cuda=*/true, layout_));
+  if (ce_.class_weights.has_value())
+    class_weights_ = ce_.class_weights->data_as<const float>();
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
+                               std::max<int64_t>(layout_.fixed_bytes, 1)));
+  if (p_.tokens > 0) {
+    ASSIGN_OR_RETURN(chunk_,
+                     context_.allocator().Allocate(
+                         layout_.max_rows * layout_.row_bytes + kChunkSlack));
+    regions_ = RegionsOf(chunk_.data(), layout_, p_.hidden);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::Exchange(const absl::Status& local) {
+  const int world = comm_.world_size();
+  const int rank = comm_.rank();
+  Buffer fallback;
+  int64_t* record = nullptr;  // device [world + 1, kFields]
+  if (block_.data() != nullptr) {
+    record = At<int64_t>(layout_.record);
+  } else {
+    ASSIGN_OR_RETURN(fallback,
+                     context_.allocator().Allocate(8 * kFields * (world + 1)));
+    record = fallback.data_as<int64_t>();
+  }
+  int64_t* mine = record + world * kFields;
+  RecordArgs args;
+  args.record = mine;
+  args.fields[kOk] = local.ok() ? 1 : 0;
+  if (local.ok()) {
+    const LinearCrossEntropyInputs& in = *p_.inputs;
+    args.fields[kOffset] = p_.shard->vocab_offset;
+    args.fields[kLocalVocab] = p_.local_vocab;
+    args.fields[kVocab] = p_.shard->vocab;
+    args.fields[kTokens] = p_.tokens;
+    args.fields[kHidden] = p_.hidden;
+    args.fields[kChunkRows] = layout_.max_rows;
+    args.fields[kPass] = static_cast<int64_t>(p_.pass);
+    args.fields[kOptions] = OptionsHash(ce_);
+    args.scan = true;
+    args.targets = in.targets.data;
+    args.targets_i64 = in.targets.dtype == DType::kI64;
+    args.tokens = p_.tokens;
+    args.vocab = p_.shard->vocab;
+    args.ignore_index = ce_.ignore_index;
+    args.offset = p_.shard->vocab_offset;
+    args.local_vocab = p_.local_vocab;
+    args.class_weights = class_weights_;
+  }
+  CUDA_RETURN_IF_ERROR(LaunchRecord(args, stream_));
+  RETURN_IF_ERROR(comm_.AllGather(View(mine, DType::kI64, kFields),
+                                  View(record, DType::kI64, world * kFields),
+                                  context_));
+  // The call's one wait for the stream: the records on the host.
+  absl::InlinedVector<int64_t, 16 * kFields> records(world * kFields);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(records.data(), record,
+                                       8 * kFields * world,
+                                       cudaMemcpyDeviceToHost, stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  RETURN_IF_ERROR(local);
+  const int64_t* own = records.data() + rank * kFields;
+  ce::TargetStats stats{};
+  stats.invalid = own[kInvalid];
+  stats.negative_weights = own[kNegativeWeights];
+  RETURN_IF_ERROR(ce::CheckTargetStats(stats, ce_, p_.tokens, p_.shard->vocab));
+  RETURN_IF_ERROR(
+      CheckRecords(records.data(), world, rank, ce_.validate_targets, agreed_));
+
+  // The mean's denominators and W from the ranks' sums, in rank order.
+  const double counted = static_cast<double>(own[kCounted]);
+  double ce_denominator = counted;
+  weight_total_ = static_cast<double>(p_.shard->vocab);
+  if (class_weights_ != nullptr) {
+    ce_denominator = 0.0;
+    weight_total_ = 0.0;
+    for (int r = 0; r < world; ++r) {
+      double target_weights = 0.0, weights = 0.0;
+      std::memcpy(&target_weights, &records[r * kFields + kTargetWeightSum], 8);
+      std::memcpy(&weights, &records[r * kFields + kWeightSum], 8);
+      ce_denominator += target_weights;
+      weight_total_ += weights;
+    }
+  }
+  if (ce_.reduction == Reduction::kMean) {
+    ce_scale_ = ce_denominator > 0 ? 1.0 / ce_denominator : 0.0;
+    z_scale_ = counted > 0 ? 1.0 / counted : 0.0;
+  }
+  if (p_.backward()) {
+    dlogits_scale_ = lce::DlogitsScale(
+        operand_, static_cast<int>(ce_.reduction), ce_denominator);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::Run(const absl::Status& checks) {
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context_.device().ordinal));
+  device_.emplace(std::move(scoped));
+  ASSIGN_OR_RETURN(stream_, CudaStreamOf(context_));
+  absl::Status local = checks;
+  if (local.ok()) local = Prepare();
+  RETURN_IF_ERROR(Exchange(local));
+
+  const LinearCrossEntropyInputs& in = *p_.inputs;
+  const int64_t n = p_.tokens;
+  const int64_t v = p_.local_vocab;
+  if (p_.options->use_tf32 && operand_ == DType::kF32) {
+    ASSIGN_OR_RETURN(cublasLtHandle_t lt, CublasLtHandleOf(context_));
+    ASSIGN_OR_RETURN(void* lt_workspace, context_.cublaslt_workspace());
+    ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(context_));
+    tf32_gemm_.emplace(lt, lt_workspace, Context::kCublasLtWorkspaceBytes,
+                       CUBLAS_COMPUTE_32F_FAST_TF32, tuning);
+    gemm_ = &*tf32_gemm_;
+  } else {
+    ASSIGN_OR_RETURN(gemm_, ContextGemmRunner(context_));
+  }
+
+  // The targets' weights from their owners (kSum over the ranks).
+  if (class_weights_ != nullptr && n > 0) {
+    target_weight_ = At<double>(layout_.target_weight);
+    TargetWeightArgs tw;
+    tw.targets = in.targets.data;
+    tw.targets_i64 = in.targets.dtype == DType::kI64;
+    tw.tokens = n;
+    tw.offset = p_.shard->vocab_offset;
+    tw.local_vocab = v;
+    tw.class_weights = class_weights_;
+    tw.target_weight = target_weight_;
+    CUDA_RETURN_IF_ERROR(LaunchTargetWeights(tw, stream_));
+    const Tensor all = View(target_weight_, DType::kF64, n);
+    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
+  }
+  lse_ = p_.lse != nullptr ? p_.lse->data_as<float>() : At<float>(layout_.lse);
+  row_loss_ = ce_.reduction == Reduction::kNone
+                  ? (p_.forward() ? p_.loss->data_as<float>() : nullptr)
+                  : At<float>(layout_.row_loss);
+  d_weight_acc_ = At<float>(layout_.d_weight_acc);
+  d_bias_acc_ = At<float>(layout_.d_bias_acc);
+  if (in.bias.has_value()) {
+    if (layout_.bias >= 0) {
+      lce::ConvertArgs bias;
+      bias.src = in.bias->data;
+      bias.src_type = in.bias->dtype;
+      bias.dst = At<float>(layout_.bias);
+      bias.rows = 1;
+      bias.cols = bias.src_ld = bias.dst_ld = v;
+      CUDA_RETURN_IF_ERROR(lce::LaunchConvert(bias, stream_));
+      bias_ = At<float>(layout_.bias);
+    } else {
+      bias_ = in.bias->data_as<const float>();
+    }
+  }
+  if (layout_.ones_bytes > 0 && n > 0) {
+    lce::ConvertArgs ones;  // src null: fill with `scale`
+    ones.dst = regions_.ones;
+    ones.dst_type = operand_;
+    ones.rows = 1;
+    ones.cols = ones.src_ld = ones.dst_ld = layout_.max_rows;
+    CUDA_RETURN_IF_ERROR(lce::LaunchConvert(ones, stream_));
+  }
+  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
+    const int64_t begin = c * agreed_.chunk_rows;
+    RETURN_IF_ERROR(Chunk(begin, std::min(n, begin + agreed_.chunk_rows)));
+  }
+  return Finish();
+}
+
+absl::Status CudaRunner::Chunk(int64_t row_begin, int64_t row_end) {
+  const LinearCrossEntropyInputs& in = *p_.inputs;
+  const int64_t rows = row_end - row_begin;
+  const int64_t v = p_.local_vocab;
+  const int64_t h = p_.hidden;
+  const int64_t ld = layout_.ld;
+  const cudaDataType type = CudaType(operand_);
+  float* logits = regions_.logits;  // [rows, ld]
+  // dlogits rows start where their logits rows do; their stride in operand
+  // elements.
+  const int64_t dlogits_ld = ld * 4 / e_;
+
+  // logits[rows, V_r] = hidden[rows] @ weight_r^T + bias_r, as the
+  // column-major D[V_r, rows] = W^T(op T of [H, V_r]) @ hidden(op N of [H,
+  // rows]).
+  GemmCall g1;
+  g1.a = {in.weight.data, type, h, v, in.weight.effective_row_stride(),
+          CUBLAS_OP_T};
+  g1.b = {RowOf(in.hidden, row_begin),      type,       h, rows,
+          in.hidden.effective_row_stride(), CUBLAS_OP_N};
+  g1.d = logits;
+  g1.d_type = CUDA_R_32F;
+  g1.m = v;
+  g1.n = rows;
+  g1.ld_d = ld;
+  g1.bias = bias_;
+  RETURN_IF_ERROR(Gemm(g1));
+
+  ChunkArgs args;
+  args.logits = logits;
+  args.ld = ld;
+  args.rows = rows;
+  args.cols = v;
+  args.offset = p_.shard->vocab_offset;
+  args.vocab = p_.shard->vocab;
+  args.targets = Targets(row_begin);
+  args.targets_i64 = in.targets.dtype == DType::kI64;
+  args.ignore_index = ce_.ignore_index;
+  args.label_smoothing = ce_.label_smoothing;
+  args.z_loss = ce_.z_loss;
+  args.softcap = ce_.softcap;
+  args.entropy_weight = ce_.entropy_weight;
+  args.class_weights = class_weights_;
+  args.target_weight =
+      target_weight_ != nullptr ? target_weight_ + row_begin : nullptr;
+  args.row_max = regions_.row_max;
+  args.sums = regions_.sums;
+  args.lse = lse_ + row_begin;
+  args.row_loss = row_loss_ != nullptr ? row_loss_ + row_begin : nullptr;
+  args.mean = ce_.reduction == Reduction::kMean;
+  args.ce_scale = ce_scale_;
+  args.z_scale = z_scale_;
+  args.weight_total = weight_total_;
+  args.fused = p_.forward();
+  args.backward = p_.backward();
+  args.grad_type = operand_;
+  if (p_.grad_loss != nullptr) {
+    args.grad_loss_per_row = ce_.reduction == Reduction::kNone;
+    args.grad_loss = p_.grad_loss->data_as<const float>() +
+                     (args.grad_loss_per_row ? row_begin : 0);
+  }
+  args.dlogits_scale = dlogits_scale_;
+
+  // The global lse: the row max (kMax), then the row sums (kSum).
+  if (args.fused) {
+    CUDA_RETURN_IF_ERROR(LaunchRowMax(args, stream_));
+    const Tensor maxes = View(regions_.row_max, DType::kF32, rows);
+    RETURN_IF_ERROR(comm_.AllReduce(maxes, maxes, ReduceOp::kMax, context_));
+    CUDA_RETURN_IF_ERROR(LaunchRowSums(args, stream_));
+    const Tensor sums = View(regions_.sums, DType::kF64, rows * kRowSums);
+    RETURN_IF_ERROR(comm_.AllReduce(sums, sums, ReduceOp::kSum, context_));
+  }
+  CUDA_RETURN_IF_ERROR(LaunchRowFinish(args, stream_));
+  if (!p_.backward()) return absl::OkStatus();
+
+  // d_hidden[rows] = sum over the ranks of dlogits @ weight_r: the column-major
+  // D[H, rows] = weight_r(op N of [H, V_r]) @ dlogits(op N of [V_r, rows]),
+  // in fp32, all-reduced, then rounded into d_hidden.
+  const float unscale = 1.0f / dlogits_scale_;
+  GemmCall g2;
+  g2.a = {in.weight.data, type, h, v, in.weight.effective_row_stride(),
+          CUBLAS_OP_N};
+  g2.b = {logits, type, v, rows, dlogits_ld, CUBLAS_OP_N};
+  g2.d = regions_.partial;
+  g2.d_type = CUDA_R_32F;
+  g2.m = h;
+  g2.n = rows;
+  g2.ld_d = h;
+  g2.alpha = unscale;
+  RETURN_IF_ERROR(Gemm(g2));
+  const Tensor partial = View(regions_.partial, DType::kF32, rows * h);
+  RETURN_IF_ERROR(comm_.AllReduce(partial, partial, ReduceOp::kSum, context_));
+  const Tensor& d_hidden = p_.gradients->d_hidden;
+  lce::ConvertArgs store;
+  store.src = regions_.partial;
+  store.src_ld = h;
+  store.dst = const_cast<char*>(RowOf(d_hidden, row_begin));
+  store.dst_type = d_hidden.dtype;
+  store.dst_ld = d_hidden.effective_row_stride();
+  store.rows = rows;
+  store.cols = h;
+  CUDA_RETURN_IF_ERROR(lce::LaunchConvert(store, stream_));
+
+  // d_weight (+)= dlogits^T @ hidden[rows], locally: the column-major
+  // D[H, V_r] = hidden(op N of [H, rows]) @ dlogits(op T of [V_r, rows]).
+  const bool accumulate = row_begin > 0;
+  const Tensor& d_weight = p_.gradients->d_weight;
+  GemmCall g3;
+  g3.a = {RowOf(in.hidden, row_begin),      type,       h, rows,
+          in.hidden.effective_row_stride(), CUBLAS_OP_N};
+  g3.b = {logits, type, v, rows, dlogits_ld, CUBLAS_OP_T};
+  if (d_weight_acc_ != nullptr) {
+    g3.d = d_weight_acc_;
+    g3.d_type = CUDA_R_32F;
+    g3.ld_d = h;
+  } else {
+    g3.d = d_weight.data;
+    g3.d_type = CudaType(d_weight.dtype);
+    g3.ld_d = d_weight.effective_row_stride();
+  }
+  g3.m = h;
+  g3.n = v;
+  g3.alpha = unscale;
+  g3.beta = accumulate ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(Gemm(g3));
+  if (bias_ != nullptr) {
+    // d_bias (+)= dlogits^T @ ones: a GEMV, deterministic like the GEMMs.
+    const Tensor& d_bias = *p_.gradients->d_bias;
+    GemmCall g4;
+    g4.a = {logits, type, v, rows, dlogits_ld, CUBLAS_OP_N};
+    g4.b = {regions_.ones, type, rows, 1, rows, CUBLAS_OP_N};
+    if (d_bias_acc_ != nullptr) {
+      g4.d = d_bias_acc_;
+      g4.d_type = CUDA_R_32F;
+    } else {
+      g4.d = d_bias.data;
+      g4.d_type = CudaType(d_bias.dtype);
+    }
+    g4.m = v;
+    g4.n = 1;
+    g4.ld_d = v;
+    g4.alpha = unscale;
+    g4.beta = accumulate ? 1.0f : 0.0f;
+    RETURN_IF_ERROR(Gemm(g4));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::Finish() {
+  const int64_t n = p_.tokens;
+  const int64_t v = p_.local_vocab;
+  const int64_t h = p_.hidden;
+  if (p_.forward() && ce_.reduction != Reduction::kNone) {
+    if (n == 0) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(p_.loss->data, 0, sizeof(float), stream_));
+    } else {
+      CUDA_RETURN_IF_ERROR(
+          ce::LaunchSumRows(row_loss_, n, p_.loss->data_as<float>(), stream_));
+    }
+  }
+  if (!p_.backward()) return absl::OkStatus();
+  const LinearCrossEntropyGradients& g = *p_.gradients;
+  if (n == 0) {
+    const int64_t element = DTypeSize(g.d_weight.dtype);
+    CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(
+        g.d_weight.data, g.d_weight.effective_row_stride() * element, 0,
+        h * element, v, stream_));
+    if (g.d_bias.has_value()) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          g.d_bias->data, 0, v * DTypeSize(g.d_bias->dtype), stream_));
+    }
+    return absl::OkStatus();
+  }
+  if (d_weight_acc_ != nullptr) {
+    // The one rounding of the fp32 d_weight to the caller's dtype.
+    lce::ConvertArgs round;
+    round.src = d_weight_acc_;
+    round.src_ld = h;
+    round.dst = g.d_weight.data;
+    round.dst_type = g.d_weight.dtype;
+    round.dst_ld = g.d_weight.effective_row_stride();
+    round.rows = v;
+    round.cols = h;
+    CUDA_RETURN_IF_ERROR(lce::LaunchConvert(round, stream_));
+  }
+  if (d_bias_acc_ != nullptr) {
+    lce::ConvertArgs round;
+    round.src = d_bias_acc_;
+    round.dst = g.d_bias->data;
+    round.dst_type = g.d_bias->dtype;
+    round.rows = 1;
+    round.cols = round.src_ld = round.dst_ld = v;
+    CUDA_RETURN_IF_ERROR(lce::LaunchConvert(round, stream_));
+  }
+  return absl::OkStatus();
+}
+#endif  // LOSSRT_WITH_CUDA
+
 absl::Status Run(Context& context, Problem& p) {
   if (p.shard->communicator == nullptr) {
     return InvalidArgument("shard.communicator is null");
-  }
-  if (!context.device().is_cpu()) {
-    // Every rank refuses the same way (a device kind is not rank-local in a
-    // group of CUDA contexts), before any collective.
-    return absl::UnimplementedError(
-        "vocabulary-parallel linear cross-entropy: only CPU contexts for now");
   }
   absl::Status local = CheckInputs(context, p);
   if (local.ok()) local = CheckOutputs(context, p);
   // An invalid rank still takes part in the exchange (its record says so), so
   // that no other rank waits for it.
+  if (!context.device().is_cpu()) {
+#ifdef LOSSRT_WITH_CUDA
+    CudaRunner runner(context, p);
+    return runner.Run(local);
+#else
+    return absl::UnimplementedError(
+        "vocabulary-parallel linear cross-entropy: built without CUDA");
+#endif
+  }
   Runner runner(context, p);
   return runner.Run(local);
 }

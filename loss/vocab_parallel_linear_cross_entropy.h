@@ -47,8 +47,15 @@
 // know). Communicator failures (a rank that never arrives) come back as the
 // communicator's error.
 //
-// Devices: the CPU (Eigen, every collective on the CPU communicator). CUDA
-// contexts are refused for now (Unimplemented).
+// Devices: the CPU (Eigen, every collective on the CPU communicator) and CUDA
+// (the chunk's logits and the gradient GEMMs through the context's cuBLASLt
+// runner and workspace, which the budget does not count; the row statistics
+// and dlogits by kernels of this op; every collective queued on the context's
+// stream, e.g. NcclCommunicator). On CUDA the targets and class weights are
+// checked on the device and the verdict travels with the validity record,
+// whose all-gather is read back to the host: one wait for the stream per
+// call, none per chunk. The rest of the call is stream-ordered and allocates
+// only from the context's allocator cache.
 #ifndef LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_H_
 #define LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_H_
 

@@ -1,11 +1,20 @@
 // Tests of the vocabulary-parallel linear cross-entropy
-// (loss/vocab_parallel_linear_cross_entropy.h) on the CPU, one thread per rank
-// over the in-process communicator (runtime/cpu_communicator.h), against the
+// (loss/vocab_parallel_linear_cross_entropy.h), one thread per rank over the
+// in-process communicator (runtime/cpu_communicator.h), against the
 // single-device LinearCrossEntropyForwardBackward / Forward / Backward on the
-// full weight (loss/linear_cross_entropy.h).
+// full weight (loss/linear_cross_entropy.h) on the same device.
 //
-// One parameterized case per scenario x operand dtype (f32, bf16, f16) x world
-// size (1, 2, 3, 4), with a random uneven split of the vocabulary: the fused
+// On the CPU every rank has a CPU context. On the GPU every rank has its own
+// CUDA context on cuda:0 and talks through HostStagedCommunicator below (the
+// CPU communicator takes host tensors only: the adapter copies the device
+// tensors to the host, calls it and copies the result back on the context's
+// stream), so P = 1..4 run on one GPU; built with LOSSRT_TEST_NCCL (the
+// _nccl_test target), P = 1 also runs over a real one-rank NCCL communicator.
+// GPU cases skip, saying why, without a GPU (or without NCCL).
+//
+// One parameterized case per device x scenario x operand dtype (f32, bf16,
+// f16) x world size (1, 2, 3, 4), with a random uneven split of the
+// vocabulary: the fused
 // call (with and without grad_loss), a repeat that must give the same bytes on
 // every rank, the split forward (loss, lse) and the split backward from that
 // lse. Scenarios cover the options and combinations of
@@ -50,7 +59,12 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
+#include "tests/gpu_test_util.h"
 #include "tests/status_assertions.h"
+
+#ifdef LOSSRT_TEST_NCCL
+#include "runtime/nccl_communicator.h"
+#endif
 
 namespace lossrt {
 namespace {
@@ -154,6 +168,129 @@ Array MakeScalar() {
   a.scalar = true;
   return a;
 }
+
+// ---------------------------------------------------------------------------
+// Tensors on the call's device.
+
+// Device copies of a call's host views for a context on a GPU; the views
+// themselves on the CPU. Out() copies are brought back by Download(), element
+// by element of the view only (ranks share d_weight's host array and write
+// their own rows).
+class Staging {
+ public:
+  explicit Staging(Context& context) : context_(context) {}
+
+  absl::StatusOr<Tensor> In(const Tensor& host) {
+    if (context_.device().is_cpu()) return host;
+    ASSIGN_OR_RETURN(Buffer buffer,
+                     context_.allocator().Allocate(
+                         std::max<int64_t>(host.span_bytes(), 256)));
+    Tensor device = host;
+    device.data = buffer.data();
+    device.device = context_.device();
+    buffers_.push_back(std::move(buffer));
+    if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(host, device, context_));
+    return device;
+  }
+  absl::StatusOr<Tensor> Out(const Tensor& host) {
+    ASSIGN_OR_RETURN(Tensor device, In(host));
+    if (!context_.device().is_cpu()) outs_.push_back({device, host});
+    return device;
+  }
+  absl::Status Download() {
+    for (const auto& [device, host] : outs_) {
+      if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(device, host, context_));
+    }
+    return context_.Synchronize();
+  }
+
+ private:
+  Context& context_;
+  std::vector<Buffer> buffers_;
+  std::vector<std::pair<Tensor, Tensor>> outs_;  // device, host
+};
+
+// A Communicator for CUDA contexts over a host one (the CPU communicator):
+// each collective waits for the context's stream, copies its input to the
+// host, runs the host collective and copies the result back. Test-only: it
+// syncs on every call.
+class HostStagedCommunicator : public Communicator {
+ public:
+  static absl::StatusOr<std::unique_ptr<HostStagedCommunicator>> Create(
+      std::unique_ptr<Communicator> host) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Context> cpu,
+                     Context::Create(Device::Cpu()));
+    return std::unique_ptr<HostStagedCommunicator>(
+        new HostStagedCommunicator(std::move(host), std::move(cpu)));
+  }
+  int rank() const override { return host_->rank(); }
+  int world_size() const override { return host_->world_size(); }
+  absl::Status AllReduce(const Tensor& in, const Tensor& out, ReduceOp op,
+                         Context& context) override {
+    return Staged(in, out, context,
+                  [&](const Tensor& i, const Tensor& o, Context& c) {
+                    return host_->AllReduce(i, o, op, c);
+                  });
+  }
+  absl::Status ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                             Context& context) override {
+    return Staged(in, out, context,
+                  [&](const Tensor& i, const Tensor& o, Context& c) {
+                    return host_->ReduceScatter(i, o, op, c);
+                  });
+  }
+  absl::Status AllGather(const Tensor& in, const Tensor& out,
+                         Context& context) override {
+    return Staged(in, out, context,
+                  [&](const Tensor& i, const Tensor& o, Context& c) {
+                    return host_->AllGather(i, o, c);
+                  });
+  }
+  absl::Status Broadcast(const Tensor& in, const Tensor& out, int root,
+                         Context& context) override {
+    return Staged(in, out, context,
+                  [&](const Tensor& i, const Tensor& o, Context& c) {
+                    return host_->Broadcast(i, o, root, c);
+                  });
+  }
+  absl::Status Abort(absl::string_view reason) override {
+    return host_->Abort(reason);
+  }
+
+ private:
+  HostStagedCommunicator(std::unique_ptr<Communicator> host,
+                         std::unique_ptr<Context> cpu)
+      : host_(std::move(host)), cpu_(std::move(cpu)) {}
+
+  using HostCall =
+      std::function<absl::Status(const Tensor&, const Tensor&, Context&)>;
+  absl::Status Staged(const Tensor& in, const Tensor& out, Context& context,
+                      const HostCall& call) {
+    std::vector<uint8_t> in_bytes(std::max<int64_t>(in.span_bytes(), 1));
+    std::vector<uint8_t> out_bytes(std::max<int64_t>(out.span_bytes(), 1));
+    Tensor host_in = in;
+    host_in.data = in_bytes.data();
+    host_in.device = Device::Cpu();
+    Tensor host_out = out;
+    host_out.data = out_bytes.data();
+    host_out.device = Device::Cpu();
+    // A failed copy still meets the other ranks, with an error of its own.
+    absl::Status copied =
+        in.numel() > 0 ? CopyTensor(in, host_in, context) : absl::OkStatus();
+    if (!copied.ok()) {
+      absl::Status aborted = host_->Abort(copied.message());
+      (void)aborted;
+      return copied;
+    }
+    RETURN_IF_ERROR(call(host_in, host_out, *cpu_));
+    if (out.numel() > 0) RETURN_IF_ERROR(CopyTensor(host_out, out, context));
+    // The host bytes go away on return.
+    return context.Synchronize();
+  }
+
+  std::unique_ptr<Communicator> host_;
+  std::unique_ptr<Context> cpu_;
+};
 
 // ---------------------------------------------------------------------------
 // Scenarios.
@@ -422,114 +559,202 @@ LinearCrossEntropyOptions Options(const Scenario& s,
 
 enum class Call { kFused, kFusedGradLoss, kForward, kBackward };
 
-// The single-device op on the full weight. kBackward takes `saved_lse`.
-absl::Status RunSingle(const Scenario& s, Data& d, Outputs& o, Call call,
-                       const Array* saved_lse) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Context> context,
-                   Context::Create(Device::Cpu()));
+// The single-device op on the full weight, on `device`. kBackward takes
+// `saved_lse`.
+absl::Status RunSingle(const Device& device, const Scenario& s, Data& d,
+                       Outputs& o, Call call, const Array* saved_lse) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
+  Staging stage(*context);
   LinearCrossEntropyInputs in;
-  in.hidden = d.hidden.View();
-  in.weight = d.weight.View();
-  if (d.bias.has_value()) in.bias = d.bias->View();
-  in.targets = TargetsView(d);
+  ASSIGN_OR_RETURN(in.hidden, stage.In(d.hidden.View()));
+  ASSIGN_OR_RETURN(in.weight, stage.In(d.weight.View()));
+  if (d.bias.has_value()) {
+    ASSIGN_OR_RETURN(in.bias, stage.In(d.bias->View()));
+  }
+  ASSIGN_OR_RETURN(in.targets, stage.In(TargetsView(d)));
   std::optional<Tensor> cw;
-  if (d.class_weights.has_value()) cw = d.class_weights->View();
+  if (d.class_weights.has_value()) {
+    ASSIGN_OR_RETURN(cw, stage.In(d.class_weights->View()));
+  }
   LinearCrossEntropyOptions options = Options(s, cw);
   LinearCrossEntropyGradients g;
-  g.d_hidden = o.d_hidden[0].View();
-  g.d_weight = o.d_weight.View();
-  if (o.d_bias.has_value()) g.d_bias = o.d_bias->View();
-  const Tensor loss = o.loss.View();
-  const Tensor lse = o.lse.View();
-  const Tensor grad_loss = d.grad_loss.View();
+  ASSIGN_OR_RETURN(g.d_hidden, stage.Out(o.d_hidden[0].View()));
+  ASSIGN_OR_RETURN(g.d_weight, stage.Out(o.d_weight.View()));
+  if (o.d_bias.has_value()) {
+    ASSIGN_OR_RETURN(g.d_bias, stage.Out(o.d_bias->View()));
+  }
+  ASSIGN_OR_RETURN(const Tensor loss, stage.Out(o.loss.View()));
+  ASSIGN_OR_RETURN(const Tensor lse, stage.Out(o.lse.View()));
+  ASSIGN_OR_RETURN(const Tensor grad_loss, stage.In(d.grad_loss.View()));
+  absl::Status status;
   switch (call) {
     case Call::kFused:
-      return LinearCrossEntropyForwardBackward(*context, in, options, loss,
-                                               &lse, g);
+      status = LinearCrossEntropyForwardBackward(*context, in, options, loss,
+                                                 &lse, g);
+      break;
     case Call::kFusedGradLoss:
-      return LinearCrossEntropyForwardBackward(*context, in, options, loss,
-                                               &lse, g, &grad_loss);
+      status = LinearCrossEntropyForwardBackward(*context, in, options, loss,
+                                                 &lse, g, &grad_loss);
+      break;
     case Call::kForward:
-      return LinearCrossEntropyForward(*context, in, options, loss, &lse);
+      status = LinearCrossEntropyForward(*context, in, options, loss, &lse);
+      break;
     case Call::kBackward: {
       Array copy = *saved_lse;
-      return LinearCrossEntropyBackward(*context, in, copy.View(), grad_loss,
-                                        options, g);
+      ASSIGN_OR_RETURN(const Tensor saved, stage.In(copy.View()));
+      status = LinearCrossEntropyBackward(*context, in, saved, grad_loss,
+                                          options, g);
+      break;
     }
   }
-  return absl::InternalError("unreachable");
+  RETURN_IF_ERROR(status);
+  return stage.Download();
 }
 
-// Changes one rank's arguments (bad-input tests) before its call.
+// Changes one rank's arguments (bad-input tests) before its call (on the
+// host views, before they go to the device).
 using Tamper =
     std::function<void(int rank, VocabShard&, LinearCrossEntropyInputs&,
                        LinearCrossEntropyOptions&)>;
 
-// The vocabulary-parallel op over `cuts.size() - 1` ranks, one thread each.
-std::vector<absl::Status> RunParallel(const Scenario& s, Data& d, Outputs& o,
+// Which communicator the ranks use: the CPU one (host-staged for CUDA
+// contexts) or, for one rank on a GPU, NCCL.
+enum class Backend { kInProcess, kNccl };
+
+// One rank's call: its views staged on its context's device, the call, the
+// outputs brought back (also on failure, so that a test sees what was
+// written).
+absl::Status RunRank(Context& context, Communicator* comm, int r,
+                     const Scenario& s, Data& d, Outputs& o,
+                     const std::vector<int64_t>& cuts, Call call,
+                     const Array* saved_lse, const Tamper& tamper) {
+  const int64_t begin = cuts[r];
+  const int64_t count = cuts[r + 1] - begin;
+  VocabShard shard{comm, begin, s.v};
+  LinearCrossEntropyInputs host;
+  host.hidden = d.hidden.View();
+  host.weight = d.weight.View(begin, count);
+  if (d.bias.has_value()) host.bias = VectorSlice(*d.bias, begin, count);
+  host.targets = TargetsView(d);
+  std::optional<Tensor> host_cw;
+  if (d.class_weights.has_value())
+    host_cw = VectorSlice(*d.class_weights, begin, count);
+  LinearCrossEntropyOptions options = Options(s, host_cw);
+  options.max_workspace_bytes = s.budget;
+  options.use_tf32 = false;
+  if (tamper) tamper(r, shard, host, options);
+
+  Staging stage(context);
+  LinearCrossEntropyInputs in = host;
+  auto stage_in = [&stage](Tensor& t) -> absl::Status {
+    ASSIGN_OR_RETURN(t, stage.In(t));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(stage_in(in.hidden));
+  RETURN_IF_ERROR(stage_in(in.weight));
+  if (in.bias.has_value()) RETURN_IF_ERROR(stage_in(*in.bias));
+  RETURN_IF_ERROR(stage_in(in.targets));
+  if (options.cross_entropy.class_weights.has_value())
+    RETURN_IF_ERROR(stage_in(*options.cross_entropy.class_weights));
+  LinearCrossEntropyGradients g;
+  ASSIGN_OR_RETURN(g.d_hidden, stage.Out(o.d_hidden[r].View()));
+  ASSIGN_OR_RETURN(g.d_weight, stage.Out(o.d_weight.View(begin, count)));
+  if (o.d_bias.has_value()) {
+    ASSIGN_OR_RETURN(g.d_bias, stage.Out(VectorSlice(*o.d_bias, begin, count)));
+  }
+  ASSIGN_OR_RETURN(const Tensor loss, stage.Out(o.loss_per_rank[r].View()));
+  ASSIGN_OR_RETURN(const Tensor lse, stage.Out(o.lse_per_rank[r].View()));
+  ASSIGN_OR_RETURN(const Tensor grad_loss, stage.In(d.grad_loss.View()));
+  absl::Status status;
+  switch (call) {
+    case Call::kFused:
+      status = VocabParallelLinearCrossEntropyForwardBackward(
+          context, shard, in, options, loss, &lse, g);
+      break;
+    case Call::kFusedGradLoss:
+      status = VocabParallelLinearCrossEntropyForwardBackward(
+          context, shard, in, options, loss, &lse, g, &grad_loss);
+      break;
+    case Call::kForward:
+      status = VocabParallelLinearCrossEntropyForward(context, shard, in,
+                                                      options, loss, &lse);
+      break;
+    case Call::kBackward: {
+      Array copy = *saved_lse;
+      ASSIGN_OR_RETURN(const Tensor saved, stage.In(copy.View()));
+      status = VocabParallelLinearCrossEntropyBackward(
+          context, shard, in, saved, grad_loss, options, g);
+      break;
+    }
+  }
+  const absl::Status downloaded = stage.Download();
+  RETURN_IF_ERROR(status);
+  return downloaded;
+}
+
+// The vocabulary-parallel op over `cuts.size() - 1` ranks, one thread and one
+// context on `device` each.
+std::vector<absl::Status> RunParallel(const Device& device, const Scenario& s,
+                                      Data& d, Outputs& o,
                                       const std::vector<int64_t>& cuts,
                                       Call call, const Array* saved_lse,
-                                      const Tamper& tamper = nullptr) {
+                                      const Tamper& tamper = nullptr,
+                                      Backend backend = Backend::kInProcess) {
   const int world = static_cast<int>(cuts.size()) - 1;
-  auto comms = CpuCommunicatorGroup::Create(world, absl::Seconds(20));
   std::vector<absl::Status> results(world);
-  if (!comms.ok()) {
-    results.assign(world, comms.status());
-    return results;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (backend == Backend::kInProcess) {
+    auto group = CpuCommunicatorGroup::Create(world, absl::Seconds(20));
+    if (!group.ok()) {
+      results.assign(world, group.status());
+      return results;
+    }
+    comms = std::move(*group);
+    if (!device.is_cpu()) {
+      for (std::unique_ptr<Communicator>& comm : comms) {
+        auto staged = HostStagedCommunicator::Create(std::move(comm));
+        if (!staged.ok()) {
+          results.assign(world, staged.status());
+          return results;
+        }
+        comm = std::move(*staged);
+      }
+    }
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      auto context = Context::Create(Device::Cpu());
+      auto context = Context::Create(device);
       if (!context.ok()) {
         results[r] = context.status();
         // Still meet the others: a rank without a context would hang them.
-        absl::Status aborted = (*comms)[r]->Abort("no context");
-        (void)aborted;
+        if (!comms.empty()) {
+          absl::Status aborted = comms[r]->Abort("no context");
+          (void)aborted;
+        }
         return;
       }
-      const int64_t begin = cuts[r];
-      const int64_t count = cuts[r + 1] - begin;
-      VocabShard shard{(*comms)[r].get(), begin, s.v};
-      LinearCrossEntropyInputs in;
-      in.hidden = d.hidden.View();
-      in.weight = d.weight.View(begin, count);
-      if (d.bias.has_value()) in.bias = VectorSlice(*d.bias, begin, count);
-      in.targets = TargetsView(d);
-      std::optional<Tensor> cw;
-      if (d.class_weights.has_value())
-        cw = VectorSlice(*d.class_weights, begin, count);
-      LinearCrossEntropyOptions options = Options(s, cw);
-      options.max_workspace_bytes = s.budget;
-      LinearCrossEntropyGradients g;
-      g.d_hidden = o.d_hidden[r].View();
-      g.d_weight = o.d_weight.View(begin, count);
-      if (o.d_bias.has_value()) g.d_bias = VectorSlice(*o.d_bias, begin, count);
-      if (tamper) tamper(r, shard, in, options);
-      const Tensor loss = o.loss_per_rank[r].View();
-      const Tensor lse = o.lse_per_rank[r].View();
-      const Tensor grad_loss = d.grad_loss.View();
-      Context& ctx = **context;
-      switch (call) {
-        case Call::kFused:
-          results[r] = VocabParallelLinearCrossEntropyForwardBackward(
-              ctx, shard, in, options, loss, &lse, g);
-          break;
-        case Call::kFusedGradLoss:
-          results[r] = VocabParallelLinearCrossEntropyForwardBackward(
-              ctx, shard, in, options, loss, &lse, g, &grad_loss);
-          break;
-        case Call::kForward:
-          results[r] = VocabParallelLinearCrossEntropyForward(
-              ctx, shard, in, options, loss, &lse);
-          break;
-        case Call::kBackward: {
-          Array copy = *saved_lse;
-          results[r] = VocabParallelLinearCrossEntropyBackward(
-              ctx, shard, in, copy.View(), grad_loss, options, g);
-          break;
+      std::unique_ptr<Communicator> own;
+      Communicator* comm = comms.empty() ? nullptr : comms[r].get();
+#ifdef LOSSRT_TEST_NCCL
+      if (backend == Backend::kNccl) {
+        absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
+        if (!id.ok()) {
+          results[r] = id.status();
+          return;
         }
+        auto nccl =
+            NcclCommunicator::Create(*id, 0, 1, **context, absl::Seconds(60));
+        if (!nccl.ok()) {
+          results[r] = nccl.status();
+          return;
+        }
+        own = std::move(*nccl);
+        comm = own.get();
       }
+#endif
+      results[r] =
+          RunRank(**context, comm, r, s, d, o, cuts, call, saved_lse, tamper);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -586,31 +811,77 @@ bool SameBytes(const Array& a, const Array& b) { return a.bytes == b.bytes; }
 // The parameterized cases.
 
 struct Case {
+  Device device;
   Scenario scenario;
   DType dtype;
   int world;
+  Backend backend = Backend::kInProcess;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.scenario.name << " " << DTypeName(c.dtype) << " P=" << c.world;
+  *os << c.device.ToString() << " " << c.scenario.name << " "
+      << DTypeName(c.dtype) << " P=" << c.world
+      << (c.backend == Backend::kNccl ? " nccl" : "");
 }
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
-  return absl::StrCat(info.param.scenario.name, "_",
-                      DTypeName(info.param.dtype), "_P", info.param.world);
+  return absl::StrCat(info.param.device.is_cpu() ? "cpu" : "cuda", "_",
+                      info.param.scenario.name, "_",
+                      DTypeName(info.param.dtype), "_P", info.param.world,
+                      info.param.backend == Backend::kNccl ? "_nccl" : "");
 }
 
+// Every case on the CPU and on cuda:0 (skipped without a GPU); built with
+// NCCL, P = 1 over NCCL on cuda:0 too.
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  for (const Scenario& s : Scenarios()) {
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (int world : {1, 2, 3, 4}) {
-        if (world > s.v) continue;
-        cases.push_back({s, dtype, world});
+  for (const Device& device : {Device::Cpu(), Device::Cuda(0)}) {
+    for (const Scenario& s : Scenarios()) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (int world : {1, 2, 3, 4}) {
+          if (world > s.v) continue;
+          cases.push_back({device, s, dtype, world});
+        }
+#ifdef LOSSRT_TEST_NCCL
+        if (!device.is_cpu())
+          cases.push_back({device, s, dtype, 1, Backend::kNccl});
+#endif
       }
     }
   }
   return cases;
+}
+
+// Ends a GPU case as skipped without a usable GPU (or NCCL for its cases).
+#define SKIP_UNLESS_RUNNABLE(device, backend)                   \
+  do {                                                          \
+    if (!(device).is_cpu()) SKIP_WITHOUT_GPU();                 \
+    if ((backend) == Backend::kNccl) SKIP_WITHOUT_NCCL_BUILD(); \
+  } while (false)
+
+#ifdef LOSSRT_TEST_NCCL
+#define SKIP_WITHOUT_NCCL_BUILD()                                      \
+  do {                                                                 \
+    if (!NcclCommunicator::Available())                                \
+      GTEST_SKIP() << "no NCCL: lossrt was built without the NCCL "    \
+                      "backend (NcclCommunicator::Available() false)"; \
+  } while (false)
+#else
+#define SKIP_WITHOUT_NCCL_BUILD() \
+  do {                            \
+  } while (false)
+#endif
+
+// A creation failure of the NCCL communicator (no libnccl at run time, no
+// usable transport): the case is skipped, saying so.
+bool NcclUnavailable(const std::vector<absl::Status>& results, Backend backend,
+                     std::string* why) {
+  if (backend != Backend::kNccl || results.empty() || results[0].ok())
+    return false;
+  const absl::StatusCode code = results[0].code();
+  if (code == absl::StatusCode::kInvalidArgument) return false;  // the op's
+  *why = results[0].ToString();
+  return true;
 }
 
 class VocabParallelTest : public testing::TestWithParam<Case> {};
@@ -646,6 +917,7 @@ void CheckAgainst(DType dtype, int world, Outputs& got, Outputs& want,
 
 TEST_P(VocabParallelTest, MatchesSingleDevice) {
   const Case& c = GetParam();
+  SKIP_UNLESS_RUNNABLE(c.device, c.backend);
   const Scenario& s = c.scenario;
   const uint64_t seed = std::random_device()();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -657,16 +929,19 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   for (Call call : {Call::kFused, Call::kFusedGradLoss}) {
     SCOPED_TRACE(call == Call::kFused ? "fused" : "fused with grad_loss");
     Outputs want = MakeOutputs(s, c.dtype, 1);
-    ASSERT_OK(RunSingle(s, d, want, call, nullptr));
+    ASSERT_OK(RunSingle(c.device, s, d, want, call, nullptr));
     Outputs got = MakeOutputs(s, c.dtype, c.world);
-    for (const absl::Status& status :
-         RunParallel(s, d, got, cuts, call, nullptr))
-      ASSERT_OK(status);
+    const std::vector<absl::Status> results = RunParallel(
+        c.device, s, d, got, cuts, call, nullptr, nullptr, c.backend);
+    std::string why;
+    if (NcclUnavailable(results, c.backend, &why))
+      GTEST_SKIP() << "no usable NCCL communicator: " << why;
+    for (const absl::Status& status : results) ASSERT_OK(status);
     CheckAgainst(c.dtype, c.world, got, want, true, true);
     // Run to run: the same bytes.
     Outputs again = MakeOutputs(s, c.dtype, c.world);
-    for (const absl::Status& status :
-         RunParallel(s, d, again, cuts, call, nullptr))
+    for (const absl::Status& status : RunParallel(
+             c.device, s, d, again, cuts, call, nullptr, nullptr, c.backend))
       ASSERT_OK(status);
     for (int r = 0; r < c.world; ++r) {
       EXPECT_TRUE(SameBytes(again.loss_per_rank[r], got.loss_per_rank[r]));
@@ -681,19 +956,21 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
 
   // The split forward, then the split backward from its lse.
   Outputs want = MakeOutputs(s, c.dtype, 1);
-  ASSERT_OK(RunSingle(s, d, want, Call::kForward, nullptr));
+  ASSERT_OK(RunSingle(c.device, s, d, want, Call::kForward, nullptr));
   Outputs got = MakeOutputs(s, c.dtype, c.world);
   for (const absl::Status& status :
-       RunParallel(s, d, got, cuts, Call::kForward, nullptr))
+       RunParallel(c.device, s, d, got, cuts, Call::kForward, nullptr, nullptr,
+                   c.backend))
     ASSERT_OK(status);
   CheckAgainst(c.dtype, c.world, got, want, false, true);
   if (s.entropy_weight != 0.0f) return;  // no split backward
   const Array saved = got.lse_per_rank[0];
   Outputs want_grad = MakeOutputs(s, c.dtype, 1);
-  ASSERT_OK(RunSingle(s, d, want_grad, Call::kBackward, &saved));
+  ASSERT_OK(RunSingle(c.device, s, d, want_grad, Call::kBackward, &saved));
   Outputs got_grad = MakeOutputs(s, c.dtype, c.world);
   for (const absl::Status& status :
-       RunParallel(s, d, got_grad, cuts, Call::kBackward, &saved))
+       RunParallel(c.device, s, d, got_grad, cuts, Call::kBackward, &saved,
+                   nullptr, c.backend))
     ASSERT_OK(status);
   CheckAgainst(c.dtype, c.world, got_grad, want_grad, true, false);
 }
@@ -784,7 +1061,11 @@ std::vector<BadCase> BadCases() {
   return cases;
 }
 
-TEST(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
+class VocabParallelBadInput : public testing::TestWithParam<Device> {};
+
+TEST_P(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
+  const Device device = GetParam();
+  if (!device.is_cpu()) SKIP_WITHOUT_GPU();
   Scenario s;
   s.class_weights = true;
   s.bias = BiasKind::kF32;
@@ -798,8 +1079,8 @@ TEST(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
     Data d = MakeData(s, DType::kF32, rng);
     if (bad.mutate) bad.mutate(d);
     Outputs o = MakeOutputs(s, DType::kF32, 4);
-    const std::vector<absl::Status> results =
-        RunParallel(s, d, o, cuts, Call::kFusedGradLoss, nullptr, bad.tamper);
+    const std::vector<absl::Status> results = RunParallel(
+        device, s, d, o, cuts, Call::kFusedGradLoss, nullptr, bad.tamper);
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(results[r].code(), absl::StatusCode::kInvalidArgument)
           << "rank " << r << ": " << results[r];
@@ -829,12 +1110,19 @@ TEST(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
     Outputs good = MakeOutputs(s, DType::kF32, 4);
     Data fresh = MakeData(s, DType::kF32, rng);
     for (const absl::Status& status :
-         RunParallel(s, fresh, good, cuts, Call::kFused, nullptr))
+         RunParallel(device, s, fresh, good, cuts, Call::kFused, nullptr))
       EXPECT_TRUE(status.ok()) << status;
   }
 }
 
-TEST(VocabParallelBadInput, NullCommunicator) {
+INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelBadInput,
+                         testing::Values(Device::Cpu(), Device::Cuda(0)),
+                         [](const testing::TestParamInfo<Device>& info) {
+                           return std::string(info.param.is_cpu() ? "cpu"
+                                                                  : "cuda");
+                         });
+
+TEST(VocabParallelNullCommunicator, Rejected) {
   Scenario s;
   std::mt19937_64 rng(std::random_device{}());
   Data d = MakeData(s, DType::kF32, rng);
