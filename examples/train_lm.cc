@@ -34,10 +34,12 @@
 // the CPU the ranks talk over TCP (runtime/socket_communicator.h). A rank that
 // dies or never arrives makes the others fail within --rank_timeout_s.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -303,8 +305,14 @@ absl::Status WriteMetricsLine(std::ofstream& out, const MetricsLine& line) {
       << ", \"tokens_per_s\": " << JsonNumber(line.tokens_per_s, 1)
       << ", \"train_s\": " << JsonNumber(line.train_s, 6)
       << ", \"eval_s\": " << JsonNumber(line.eval_s, 6) << "}\n";
+  errno = 0;
   out.flush();
-  if (!out) return absl::InternalError("writing the metrics file failed");
+  if (!out) {
+    return absl::InternalError(absl::StrCat(
+        "writing the metrics file failed (",
+        errno != 0 ? std::strerror(errno) : "no errno",
+        out.bad() ? ", badbit" : "", out.fail() ? ", failbit" : "", ")"));
+  }
   return absl::OkStatus();
 }
 

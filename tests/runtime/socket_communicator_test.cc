@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -241,9 +242,35 @@ struct Process {
   int exit_code = -1;  // -1: killed or still running
 };
 
+// The rank program: in the test's runfiles under Bazel, or beside the test
+// binary where a stage copied both; "" when it is in neither place (then the
+// process tests skip: nothing is spawned, so nothing can be killed by
+// mistake).
+std::string RankBinary() {
+  std::error_code error;
+  const std::string runfiles = "tests/runtime/socket_rank_main";
+  if (std::filesystem::is_regular_file(runfiles, error)) return runfiles;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    for (const char* name : {"socket_rank_main", "runtime_socket_rank_main"}) {
+      const std::filesystem::path beside = self.parent_path() / name;
+      if (std::filesystem::is_regular_file(beside, error)) return beside;
+    }
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_RANK_BINARY()                                        \
+  if (RankBinary().empty()) {                                             \
+    GTEST_SKIP() << "tests/runtime/socket_rank_main is neither in the "   \
+                    "runfiles nor beside the test binary: process tests " \
+                    "skipped";                                            \
+  }
+
 Process Spawn(int rank, int world, int port, int timeout_ms,
               const std::string& mode) {
-  const std::string binary = "tests/runtime/socket_rank_main";
+  const std::string binary = RankBinary();
   std::vector<std::string> args = {binary,
                                    absl::StrCat(rank),
                                    absl::StrCat(world),
@@ -257,6 +284,7 @@ Process Spawn(int rank, int world, int port, int timeout_ms,
   const int spawned = posix_spawn(&process.pid, binary.c_str(), nullptr,
                                   nullptr, argv.data(), environ);
   EXPECT_EQ(spawned, 0) << "spawning " << binary;
+  if (spawned != 0) process.pid = -1;
   return process;
 }
 
@@ -271,6 +299,9 @@ double WaitAll(std::vector<Process>& processes, int keep, double limit) {
   };
   for (size_t r = 0; r < processes.size(); ++r) {
     if (static_cast<int>(r) == keep) continue;
+    if (processes[r].pid <= 0)
+      continue;  // never spawned (waitpid(-1) waits
+                 // for any child)
     for (;;) {
       int status = 0;
       const pid_t done = waitpid(processes[r].pid, &status, WNOHANG);
@@ -284,7 +315,9 @@ double WaitAll(std::vector<Process>& processes, int keep, double limit) {
   }
   const double took = seconds();
   for (Process& process : processes) {
-    if (process.exit_code == -1) {
+    // Never a pid <= 0: kill(0 or -1) would signal the whole process group
+    // or every process of the user.
+    if (process.exit_code == -1 && process.pid > 0) {
       kill(process.pid, SIGKILL);
       waitpid(process.pid, nullptr, 0);
     }
@@ -299,6 +332,7 @@ constexpr int kDeadline =
     10 + static_cast<int>(absl::StatusCode::kDeadlineExceeded);
 
 TEST(SocketCommunicatorProcessTest, FourProcessesAllReduce) {
+  SKIP_WITHOUT_RANK_BINARY();
   std::vector<Process> processes;
   const int port = FreePort();
   for (int r = 0; r < 4; ++r) {
@@ -311,6 +345,7 @@ TEST(SocketCommunicatorProcessTest, FourProcessesAllReduce) {
 // A rank whose process exits (as a crash would) between collectives: the
 // others see its connection close, at once.
 TEST(SocketCommunicatorProcessTest, ARankThatDiesFailsTheOthersAtOnce) {
+  SKIP_WITHOUT_RANK_BINARY();
   for (int dead : {0, 2}) {
     SCOPED_TRACE(testing::Message() << "rank " << dead << " dies");
     std::vector<Process> processes;
@@ -331,6 +366,7 @@ TEST(SocketCommunicatorProcessTest, ARankThatDiesFailsTheOthersAtOnce) {
 // the others fail with DeadlineExceeded within the timeout (plus the
 // answer's grace), never hang.
 TEST(SocketCommunicatorProcessTest, ARankThatNeverArrivesTimesTheOthersOut) {
+  SKIP_WITHOUT_RANK_BINARY();
   for (const char* mode : {"hang", "absent"}) {
     for (int late : {0, 1}) {
       SCOPED_TRACE(testing::Message() << "rank " << late << ": " << mode);
@@ -342,9 +378,17 @@ TEST(SocketCommunicatorProcessTest, ARankThatNeverArrivesTimesTheOthersOut) {
       }
       const double took = WaitAll(processes, late, 20);
       EXPECT_LT(took, kTimeoutMs / 1000.0 + 5);
+      // Rank 0 (the hub) and a rank that waits on the late one time out;
+      // another rank may instead see the hub close its connection when the
+      // hub gives up first (Unavailable). Either way: an error in time.
       for (int r = 0; r < 3; ++r) {
-        if (r != late) {
+        if (r == late) continue;
+        if (r == 0 || late == 0) {
           EXPECT_EQ(processes[r].exit_code, kDeadline) << r;
+        } else {
+          EXPECT_TRUE(processes[r].exit_code == kDeadline ||
+                      processes[r].exit_code == kUnavailable)
+              << r << ": exit code " << processes[r].exit_code;
         }
       }
     }
