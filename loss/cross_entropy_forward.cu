@@ -89,12 +89,13 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy.
 // Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
-// logits, whose raw tiles take half the registers. The extras' kernels keep an
-// argmax and a second sum a lane: one block fewer, so that they do not spill
-// (a spilling 16-bit kernel ran at less than half the speed).
+// logits, whose raw tiles take half the registers. The 16-bit extras' kernels
+// (an argmax and a second sum a lane) spill at four or three and take two; the
+// fp32 extras' kernel spills a little at three, which measured faster than two
+// (bench/RESULTS.md, the extras).
 template <typename T, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  return kExtras ? 2 : (sizeof(T) == 2 ? 4 : 3);
+  return sizeof(T) == 2 ? (kExtras ? 2 : 4) : 3;
 }
 
 // The row's reduced extras (PackExtras) from a lane's partials once the row's

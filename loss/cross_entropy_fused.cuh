@@ -346,10 +346,9 @@ enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 // (RowFromRegisters). kExtras: the extras' statistics too (HasExtras).
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
           int kMode, bool kSoftcap = false, bool kExtras = false>
-// Two CTAs an SM (64 registers a thread at kMaxThreads); the extras' kernels
-// keep more live a logit and spill at 64, so they take one CTA of more
-// registers.
-__global__ void __launch_bounds__(kMaxThreads, kExtras ? 1 : 2)
+// Two CTAs an SM (64 registers a thread at kMaxThreads). The extras' kernels
+// spill there, but one CTA of 128 registers measured slower still.
+__global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2,
               bool mbarrier_exchange) {
   using TileT = Tile<T, R, kVec>;
