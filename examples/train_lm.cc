@@ -300,8 +300,8 @@ struct MetricsLine {
 // The line is formatted by Abseil and written as one string, with no numeric
 // operator<< on the stream: on the GPU machine the staged binary's stream went
 // bad at its first number (badbit, no errno; the file held `{"step": `), on
-// the CPU and the GPU alike, presumably the statically linked libstdc++'s
-// numeric facets beside the libstdc++.so that cuBLAS loads there.
+// --device=cpu and cuda alike, while the same binary's runs here do not; the
+// cause there is not known.
 absl::Status WriteMetricsLine(std::ofstream& out, const MetricsLine& line) {
   out << absl::StrCat("{\"step\": ", line.step,
                       ", \"loss\": ", JsonNumber(line.loss, 6),
