@@ -42,8 +42,13 @@ def _cuda_objects_impl(ctx):
             "-I.",
             "-I" + ctx.bin_dir.path,
         ] + _gencode_flags(archs) + ctx.attr.copts
-        ctx.actions.run(
-            executable = NVCC_PATH,
+        # nvcc names its temporary files after its pid and the source. Sandboxed actions run in
+        # their own pid namespaces (nvcc is often pid 2) and share /tmp, so two builds of the same
+        # file at once (two checkouts on one machine) clobbered each other's temporaries: each
+        # compile gets a private TMPDIR.
+        ctx.actions.run_shell(
+            command = ('tmp=$(mktemp -d "${TMPDIR:-/tmp}/nvcc.XXXXXXXX") && ' +
+                       'TMPDIR="$tmp" "%s" "$@"; status=$?; rm -rf "$tmp"; exit $status') % NVCC_PATH,
             arguments = args,
             inputs = depset([src], transitive = [headers]),
             outputs = [out],
