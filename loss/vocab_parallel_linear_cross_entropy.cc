@@ -58,9 +58,9 @@ using MatrixMap = Eigen::Map<RowMajor, 0, Eigen::OuterStride<>>;
 using ConstMatrixMap = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
 
 constexpr int64_t kAlignment = 256;
-// A chunk's regions (logits, row max, row sums, d_hidden partial, ones) are
-// each 256-aligned: the most bytes their alignment may add.
-constexpr int64_t kChunkSlack = 5 * kAlignment;
+// A chunk's regions (logits, row max, row sums, d_hidden partial) are each
+// 256-aligned: the most bytes their alignment may add.
+constexpr int64_t kChunkSlack = 4 * kAlignment;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // FNV-1a over bytes, folded into `hash`.
@@ -307,10 +307,9 @@ struct Layout {
   int64_t d_bias_acc = -1;     // f32 [V_r] for a 16-bit d_bias
   int64_t record = 0;          // i64 [P * kFields + kFields]
   int64_t fixed_bytes = 0;
-  int64_t ld = 0;          // the logits' row stride (floats)
-  int64_t row_bytes = 0;   // bytes a chunk row takes
-  int64_t max_rows = 0;    // the most rows a chunk may take within the budget
-  int64_t ones_bytes = 0;  // bytes of a chunk row's one (CUDA d_bias)
+  int64_t ld = 0;         // the logits' row stride (floats)
+  int64_t row_bytes = 0;  // bytes a chunk row takes
+  int64_t max_rows = 0;   // the most rows a chunk may take within the budget
 };
 
 // The chunk's regions in its buffer.
@@ -319,7 +318,6 @@ struct ChunkRegions {
   float* row_max = nullptr;  // [max_rows]
   double* sums = nullptr;    // [max_rows, kRowSums]
   float* partial = nullptr;  // [max_rows, H]
-  void* ones = nullptr;      // [max_rows] of the operand dtype (CUDA)
 };
 
 ChunkRegions RegionsOf(void* buffer, const Layout& layout, int64_t hidden) {
@@ -332,13 +330,10 @@ ChunkRegions RegionsOf(void* buffer, const Layout& layout, int64_t hidden) {
   r.sums = reinterpret_cast<double*>(base);
   base += Aligned(8 * kRowSums * layout.max_rows);
   r.partial = reinterpret_cast<float*>(base);
-  base += Aligned(4 * layout.max_rows * hidden);
-  r.ones = base;
   return r;
 }
 
-absl::Status PlanLayout(const Problem& p, int world_size, bool cuda,
-                        Layout& layout) {
+absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
   const int64_t n = p.tokens;
   const int64_t v = p.local_vocab;
   const LinearCrossEntropyInputs& in = *p.inputs;
@@ -364,12 +359,9 @@ absl::Status PlanLayout(const Problem& p, int world_size, bool cuda,
                           4 * v);
   layout.fixed_bytes = size;
   layout.ld = RoundUp(v, int64_t{8});
-  // logits, the row max, the row sums, d_hidden's partial row, and (CUDA,
-  // d_bias) a one in the operand dtype: d_bias as a GEMV.
-  const bool ones = cuda && in.bias.has_value() && p.backward();
-  layout.ones_bytes = ones ? DTypeSize(in.hidden.dtype) : 0;
-  layout.row_bytes = 4 * layout.ld + 4 + 8 * kRowSums +
-                     (p.backward() ? 4 * p.hidden : 0) + layout.ones_bytes;
+  // logits, the row max, the row sums and d_hidden's partial row.
+  layout.row_bytes =
+      4 * layout.ld + 4 + 8 * kRowSums + (p.backward() ? 4 * p.hidden : 0);
   const int64_t room =
       p.options->max_workspace_bytes - layout.fixed_bytes - kChunkSlack;
   layout.max_rows = room / layout.row_bytes;
@@ -539,7 +531,7 @@ float* Runner::FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
 }
 
 absl::Status Runner::Prepare() {
-  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), /*cuda=*/false, layout_));
+  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
   const int64_t v = p_.local_vocab;
@@ -976,7 +968,7 @@ class CudaRunner {
   Layout layout_;
   Agreed agreed_;
   Buffer block_;  // per-call arrays (device)
-  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial, ones (device)
+  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial (device)
   ChunkRegions regions_;
   const float* bias_ = nullptr;           // [V_r] fp32 or null
   const float* class_weights_ = nullptr;  // [V_r] or null
@@ -992,7 +984,7 @@ class CudaRunner {
 };
 
 absl::Status CudaRunner::Prepare() {
-  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), /*cuda=*/true, layout_));
+  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
   if (ce_.class_weights.has_value())
     class_weights_ = ce_.class_weights->data_as<const float>();
   ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
@@ -1145,14 +1137,6 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
       bias_ = in.bias->data_as<const float>();
     }
   }
-  if (layout_.ones_bytes > 0 && n > 0) {
-    lce::ConvertArgs ones;  // src null: fill with `scale`
-    ones.dst = regions_.ones;
-    ones.dst_type = operand_;
-    ones.rows = 1;
-    ones.cols = ones.src_ld = ones.dst_ld = layout_.max_rows;
-    CUDA_RETURN_IF_ERROR(lce::LaunchConvert(ones, stream_));
-  }
   for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
     const int64_t begin = c * agreed_.chunk_rows;
     RETURN_IF_ERROR(Chunk(begin, std::min(n, begin + agreed_.chunk_rows)));
@@ -1286,24 +1270,22 @@ absl::Status CudaRunner::Chunk(int64_t row_begin, int64_t row_end) {
   g3.beta = accumulate ? 1.0f : 0.0f;
   RETURN_IF_ERROR(Gemm(g3));
   if (bias_ != nullptr) {
-    // d_bias (+)= dlogits^T @ ones: a GEMV, deterministic like the GEMMs.
-    const Tensor& d_bias = *p_.gradients->d_bias;
-    GemmCall g4;
-    g4.a = {logits, type, v, rows, dlogits_ld, CUBLAS_OP_N};
-    g4.b = {regions_.ones, type, rows, 1, rows, CUBLAS_OP_N};
-    if (d_bias_acc_ != nullptr) {
-      g4.d = d_bias_acc_;
-      g4.d_type = CUDA_R_32F;
-    } else {
-      g4.d = d_bias.data;
-      g4.d_type = CudaType(d_bias.dtype);
-    }
-    g4.m = v;
-    g4.n = 1;
-    g4.ld_d = v;
+    // d_bias (+)= the dlogits' column sums, by our own kernel rather than a
+    // GEMV against ones: cuBLASLt may pick a split-K reduction for an n = 1
+    // product whose bytes vary run to run; the kernel sums each column's
+    // rows in order. The destination is fp32: the accumulator for a 16-bit
+    // d_bias, else d_bias itself (checked to be f32 or the bias' dtype).
+    ColumnSumArgs g4;
+    g4.dlogits = logits;
+    g4.type = operand_;
+    g4.ld = dlogits_ld;
+    g4.rows = rows;
+    g4.cols = v;
     g4.alpha = unscale;
-    g4.beta = accumulate ? 1.0f : 0.0f;
-    RETURN_IF_ERROR(Gemm(g4));
+    g4.accumulate = accumulate;
+    g4.d_bias = d_bias_acc_ != nullptr ? d_bias_acc_
+                                       : p_.gradients->d_bias->data_as<float>();
+    CUDA_RETURN_IF_ERROR(LaunchColumnSum(g4, stream_));
   }
   return absl::OkStatus();
 }

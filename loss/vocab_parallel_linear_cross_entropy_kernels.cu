@@ -1,8 +1,8 @@
 // CUDA kernels of the vocabulary-parallel linear cross-entropy
 // (vocab_parallel_linear_cross_entropy_kernels.h): one block per row for the
-// chunk kernels, one block for the record. Every reduction runs in a fixed
-// order (per-thread strided sums, then a shared-memory tree), so the results
-// are the same run to run.
+// chunk kernels, one block for the record, one thread per column for d_bias.
+// Every reduction runs in a fixed order (per-thread strided sums, then a
+// shared-memory tree), so the results are the same run to run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -325,6 +325,31 @@ __global__ void RowFinishKernel(ChunkArgs args) {
   }
 }
 
+__device__ __forceinline__ float Load(const void* base, DType type, int64_t i) {
+  switch (type) {
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+// One thread per column; neighbouring threads read neighbouring columns of a
+// row (coalesced). The rows are summed in order in f64: no atomics, no split,
+// so the bytes are the same run to run.
+__global__ void ColumnSumKernel(ColumnSumArgs args) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= args.cols) return;
+  double sum = 0.0;
+  for (int64_t i = 0; i < args.rows; ++i)
+    sum += Load(args.dlogits, args.type, i * args.ld + j);
+  float value = static_cast<float>(static_cast<double>(args.alpha) * sum);
+  if (args.accumulate) value += args.d_bias[j];
+  args.d_bias[j] = value;
+}
+
 bool RowsFit(int64_t rows) { return rows <= INT32_MAX; }
 
 }  // namespace
@@ -364,6 +389,14 @@ cudaError_t LaunchRowFinish(const ChunkArgs& args, cudaStream_t stream) {
   if (!RowsFit(args.rows)) return cudaErrorInvalidValue;
   RowFinishKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(
       args);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchColumnSum(const ColumnSumArgs& args, cudaStream_t stream) {
+  if (args.cols == 0) return cudaSuccess;
+  const int64_t blocks = (args.cols + kThreads - 1) / kThreads;
+  if (!RowsFit(blocks)) return cudaErrorInvalidValue;
+  ColumnSumKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -4,8 +4,9 @@
 // (the checks' verdict and the target sums exchanged before anything is
 // written), the target weights from their owners, and per row of a token
 // chunk the local max, the sums relative to the global max, and the loss, lse
-// and dlogits. Internal to //loss. The per-row math mirrors the CPU path of
-// vocab_parallel_linear_cross_entropy.cc term for term (same f32/f64 types).
+// and dlogits, and the d_bias column sums. Internal to //loss. The per-row math
+// mirrors the CPU path of vocab_parallel_linear_cross_entropy.cc term for term
+// (same f32/f64 types).
 #ifndef LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_KERNELS_H_
 #define LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_KERNELS_H_
 
@@ -115,6 +116,20 @@ struct ChunkArgs {
   float dlogits_scale = 1.0f;
 };
 
+// d_bias[j] (+)= alpha * sum over the chunk's rows of dlogits[i, j]: one
+// thread per column summing its rows in order (f64), so the result does not
+// depend on a GEMM algorithm choice or on atomics, and is the same run to run.
+struct ColumnSumArgs {
+  const void* dlogits = nullptr;  // [rows, ld] of `type`
+  DType type = DType::kF32;
+  int64_t ld = 0;  // the dlogits' row stride (elements of `type`)
+  int64_t rows = 0;
+  int64_t cols = 0;  // V_r
+  float alpha = 1.0f;
+  bool accumulate = false;  // false: d_bias = the sum (its old bytes unread)
+  float* d_bias = nullptr;  // [cols] fp32
+};
+
 #ifdef LOSSRT_VPLCE_LAUNCHERS
 cudaError_t LaunchRecord(const RecordArgs& args, cudaStream_t stream);
 cudaError_t LaunchTargetWeights(const TargetWeightArgs& args,
@@ -125,6 +140,7 @@ cudaError_t LaunchRowMax(const ChunkArgs& args, cudaStream_t stream);
 cudaError_t LaunchRowSums(const ChunkArgs& args, cudaStream_t stream);
 // Loss and lse (fused) and the dlogits in place (backward).
 cudaError_t LaunchRowFinish(const ChunkArgs& args, cudaStream_t stream);
+cudaError_t LaunchColumnSum(const ColumnSumArgs& args, cudaStream_t stream);
 #endif
 
 }  // namespace vplce

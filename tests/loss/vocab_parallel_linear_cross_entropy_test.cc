@@ -30,7 +30,9 @@
 // relative (plus 1e-6 absolute), f32 gradients within 1e-5 of the largest
 // magnitude of their tensor; 16-bit operands round dlogits to 16 bits, where a
 // last-bit difference may flip a rounding, so their gradients are compared
-// norm-wise within 2e-3 and elementwise within 2e-2 of the largest magnitude.
+// norm-wise within 2e-3 and elementwise within 2e-2 of the largest magnitude,
+// except 16-bit d_hidden, judged norm-wise against an f32 run of the
+// single-device op (see CheckAgainst).
 #include "loss/vocab_parallel_linear_cross_entropy.h"
 
 #include <algorithm>
@@ -781,7 +783,7 @@ void ExpectLossClose(const Array& got, const Array& want,
 }
 
 void ExpectGradClose(const Array& got, const Array& want, bool sixteen_bit,
-                     const std::string& what) {
+                     const std::string& what, bool norm_wise = true) {
   double max_abs = 0.0, diff2 = 0.0, norm2 = 0.0, worst = 0.0;
   int64_t worst_index = -1;
   for (int64_t i = 0; i < want.rows; ++i) {
@@ -800,12 +802,46 @@ void ExpectGradClose(const Array& got, const Array& want, bool sixteen_bit,
   const double tolerance = (sixteen_bit ? 2e-2 : 1e-5) * max_abs + 1e-30;
   EXPECT_LE(worst, tolerance) << what << ": worst element " << worst_index
                               << " of max |" << max_abs << "|";
-  if (sixteen_bit && norm2 > 0) {
+  if (norm_wise && sixteen_bit && norm2 > 0) {
     EXPECT_LE(std::sqrt(diff2 / norm2), 2e-3) << what << ": norm-wise";
   }
 }
 
 bool SameBytes(const Array& a, const Array& b) { return a.bytes == b.bytes; }
+
+// ||got - want|| / ||want|| over every element (0 for a zero `want`).
+double NormRelativeError(const Array& got, const Array& want) {
+  double diff2 = 0.0, norm2 = 0.0;
+  for (int64_t i = 0; i < want.rows; ++i) {
+    for (int64_t j = 0; j < want.cols; ++j) {
+      const double w = want.Get(i, j), g = got.Get(i, j);
+      diff2 += (g - w) * (g - w);
+      norm2 += w * w;
+    }
+  }
+  return norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
+}
+
+// `a` with the same values in f32 (16-bit values are exact in f32).
+Array Widened(const Array& a) {
+  Array w = a;
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF16) return w;
+  w.dtype = DType::kF32;
+  w.bytes.assign(std::max<int64_t>(a.span(), 1) * 4, 0);
+  w.Poison();
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t j = 0; j < a.cols; ++j) w.Set(i, j, a.Get(i, j));
+  return w;
+}
+
+// The problem's inputs, the same values widened to f32.
+Data Widened(const Data& d) {
+  Data w = d;
+  w.hidden = Widened(d.hidden);
+  w.weight = Widened(d.weight);
+  if (d.bias.has_value()) w.bias = Widened(*d.bias);
+  return w;
+}
 
 // ---------------------------------------------------------------------------
 // The parameterized cases.
@@ -886,8 +922,19 @@ bool NcclUnavailable(const std::vector<absl::Status>& results, Backend backend,
 
 class VocabParallelTest : public testing::TestWithParam<Case> {};
 
+// `precise`: the single-device op on the CPU over the same input values in
+// f32 with f32 gradients (f32 rounding only, far below 16-bit rounding).
+// Why: with 16-bit operands d_hidden comes from dlogits rounded to the
+// operand dtype (bf16: eps 2^-8), and the two ops sum it in different orders,
+// so two 16-bit results can differ from each other by more than either differs
+// from the exact gradient. A 16-bit d_hidden is therefore judged against
+// `precise`: within the single-device op's own 16-bit tolerance (1e-2
+// norm-wise, tests/loss/linear_cross_entropy_test.cc), and no more than 1.5x
+// the single-device op's error plus 1e-3 (the vocabulary-parallel op must not
+// be markedly less accurate). Elementwise it still stays within 2e-2 of the
+// largest magnitude of the single-device result; f32 checks are unchanged.
 void CheckAgainst(DType dtype, int world, Outputs& got, Outputs& want,
-                  bool gradients, bool loss) {
+                  bool gradients, bool loss, const Outputs* precise = nullptr) {
   const bool sixteen = dtype != DType::kF32;
   for (int r = 0; r < world; ++r) {
     const std::string rank = absl::StrCat("rank ", r, ": ");
@@ -902,8 +949,19 @@ void CheckAgainst(DType dtype, int world, Outputs& got, Outputs& want,
           << rank << "lse differs from rank 0's";
     }
     if (gradients) {
+      const bool judged = sixteen && precise != nullptr;
       ExpectGradClose(got.d_hidden[r], want.d_hidden[0], sixteen,
-                      rank + "d_hidden");
+                      rank + "d_hidden", /*norm_wise=*/!judged);
+      if (judged) {
+        const double mine =
+            NormRelativeError(got.d_hidden[r], precise->d_hidden[0]);
+        const double single =
+            NormRelativeError(want.d_hidden[0], precise->d_hidden[0]);
+        EXPECT_LE(mine, 1e-2) << rank << "d_hidden: norm-wise vs f32";
+        EXPECT_LE(mine, 1.5 * single + 1e-3)
+            << rank << "d_hidden: norm-wise vs f32, single-device op's error "
+            << single;
+      }
       EXPECT_TRUE(SameBytes(got.d_hidden[r], got.d_hidden[0]))
           << rank << "d_hidden differs from rank 0's";
     }
@@ -925,11 +983,23 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   Data d = MakeData(s, c.dtype, rng);
   const std::vector<int64_t> cuts = RandomOffsets(s.v, c.world, rng);
   SCOPED_TRACE(absl::StrCat("split ", absl::StrJoin(cuts, ",")));
+  // The f32 judge of 16-bit d_hidden (see CheckAgainst).
+  const bool sixteen = c.dtype != DType::kF32;
+  Data wide = Widened(d);
+  Scenario precise_scenario = s;
+  precise_scenario.d_hidden_f32 = true;
+  precise_scenario.d_weight_f32 = true;
+  precise_scenario.d_bias_f32 = true;
 
   for (Call call : {Call::kFused, Call::kFusedGradLoss}) {
     SCOPED_TRACE(call == Call::kFused ? "fused" : "fused with grad_loss");
     Outputs want = MakeOutputs(s, c.dtype, 1);
     ASSERT_OK(RunSingle(c.device, s, d, want, call, nullptr));
+    Outputs precise = MakeOutputs(precise_scenario, DType::kF32, 1);
+    if (sixteen) {
+      ASSERT_OK(RunSingle(Device::Cpu(), precise_scenario, wide, precise, call,
+                          nullptr));
+    }
     Outputs got = MakeOutputs(s, c.dtype, c.world);
     const std::vector<absl::Status> results = RunParallel(
         c.device, s, d, got, cuts, call, nullptr, nullptr, c.backend);
@@ -937,7 +1007,8 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
     if (NcclUnavailable(results, c.backend, &why))
       GTEST_SKIP() << "no usable NCCL communicator: " << why;
     for (const absl::Status& status : results) ASSERT_OK(status);
-    CheckAgainst(c.dtype, c.world, got, want, true, true);
+    CheckAgainst(c.dtype, c.world, got, want, true, true,
+                 sixteen ? &precise : nullptr);
     // Run to run: the same bytes.
     Outputs again = MakeOutputs(s, c.dtype, c.world);
     for (const absl::Status& status : RunParallel(
@@ -972,7 +1043,14 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
        RunParallel(c.device, s, d, got_grad, cuts, Call::kBackward, &saved,
                    nullptr, c.backend))
     ASSERT_OK(status);
-  CheckAgainst(c.dtype, c.world, got_grad, want_grad, true, false);
+  // The judge: the f32 backward from the same saved lse.
+  Outputs precise = MakeOutputs(precise_scenario, DType::kF32, 1);
+  if (sixteen) {
+    ASSERT_OK(RunSingle(Device::Cpu(), precise_scenario, wide, precise,
+                        Call::kBackward, &saved));
+  }
+  CheckAgainst(c.dtype, c.world, got_grad, want_grad, true, false,
+               sixteen ? &precise : nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, VocabParallelTest, testing::ValuesIn(Cases()),
