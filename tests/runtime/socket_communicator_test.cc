@@ -242,9 +242,9 @@ struct Process {
   int exit_code = -1;  // -1: killed or still running
 };
 
-// The rank program: in the test's runfiles under Bazel, or beside the test
-// binary where a stage copied both; "" when it is in neither place (then the
-// process tests skip: nothing is spawned, so nothing can be killed by
+// The rank program: in the test's runfiles under Bazel, in the staged copy of
+// them (<test>.runfiles/), or beside the test binary; "" when it is in none
+// (then the process tests skip: nothing is spawned, so nothing can be killed by
 // mistake).
 std::string RankBinary() {
   std::error_code error;
@@ -253,6 +253,11 @@ std::string RankBinary() {
   const std::filesystem::path self =
       std::filesystem::read_symlink("/proc/self/exe", error);
   if (!error) {
+    // tools/stage_gpu.sh copies the test's runfiles to <test>.runfiles/.
+    const std::filesystem::path staged =
+        std::filesystem::path(self.string() + ".runfiles") / "lossrt" /
+        runfiles;
+    if (std::filesystem::is_regular_file(staged, error)) return staged;
     for (const char* name : {"socket_rank_main", "runtime_socket_rank_main"}) {
       const std::filesystem::path beside = self.parent_path() / name;
       if (std::filesystem::is_regular_file(beside, error)) return beside;
