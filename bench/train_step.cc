@@ -95,6 +95,15 @@ ABSL_FLAG(bool, zero1, false,
 ABSL_FLAG(bool, force_communicator, false,
           "Build the NCCL group even with --gpus=1 (the data-parallel code "
           "paths on one GPU).");
+ABSL_FLAG(
+    bool, gemm_tuning, true,
+    "Time cuBLASLt's candidates on each GEMM shape's first call (off: the "
+    "heuristic's first choice; the same bits either way). Off, with "
+    "--gemm_rate=false, for runs under compute-sanitizer, where the "
+    "timing runs take minutes.");
+ABSL_FLAG(bool, gemm_rate, true,
+          "Measure a bf16 8192^3 GEMM first, for the 'of GEMM rate' figures "
+          "(off: they are 0).");
 ABSL_FLAG(bool, baseline, true,
           "Data parallel: first measure one GPU (cuda:0, the same per-GPU "
           "batch, no communicator) for the scaling.");
@@ -231,6 +240,9 @@ absl::StatusOr<RankResult> TrainRank(const TrainStepOptions& o,
                                      const std::string& head, int rank,
                                      Context& context,
                                      Communicator* communicator, bool profile) {
+  if (!absl::GetFlag(FLAGS_gemm_tuning)) {
+    RETURN_IF_ERROR(context.set_gemm_tuning(false));
+  }
   GptConfig config;
   config.layers = o.layers;
   config.heads = o.heads;
@@ -367,7 +379,7 @@ void Summarize(const TrainStepOptions& o, double gemm_tflops,
                                           baseline_tokens_per_s);
   const double tflops = r.rank0.flops_per_step / (r.step_ms * 1e-3) / 1e12;
   r.mfu = tflops / o.peak_tflops;
-  r.gemm_fraction = tflops / gemm_tflops;
+  r.gemm_fraction = gemm_tflops > 0 ? tflops / gemm_tflops : 0.0;
 }
 
 // A JSON number with `digits` decimals, or null.
@@ -428,9 +440,13 @@ absl::Status Run(const TrainStepOptions& o) {
     ASSIGN_OR_RETURN(std::unique_ptr<Context> context,
                      Context::Create(Device::Cuda(0)));
     ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context->device()));
-    ASSIGN_OR_RETURN(gemm_tflops, GemmTflops(*context, 8192));
-    std::printf("device: %s; bf16 GEMM 8192^3: %.0f TFLOP/s\n",
-                info.name.c_str(), gemm_tflops);
+    if (absl::GetFlag(FLAGS_gemm_rate)) {
+      ASSIGN_OR_RETURN(gemm_tflops, GemmTflops(*context, 8192));
+    }
+    std::printf("device: %s; bf16 GEMM 8192^3: %s\n", info.name.c_str(),
+                gemm_tflops > 0
+                    ? absl::StrFormat("%.0f TFLOP/s", gemm_tflops).c_str()
+                    : "not measured (--gemm_rate=false)");
   }
   std::printf(
       "model: %d layers, width %d, %d heads, vocab %d; batch %d x %d "
