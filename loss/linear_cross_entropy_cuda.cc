@@ -54,14 +54,12 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     // Whatever happened, the context's stream must not run ahead of the side
     // stream's use of the workspace block, which goes back to the allocator's
-    // cache after this.
+    // cache after this. (The side stream and the events are the context's.)
     if (side_ != nullptr) {
       if (cudaEventRecord(side_done_, side_) == cudaSuccess) {
         cudaStreamWaitEvent(main_, side_done_, 0);
       }
-      cudaStreamDestroy(side_);
     }
-    for (cudaEvent_t event : events_) cudaEventDestroy(event);
   }
 
   absl::Status Begin() override;
@@ -114,11 +112,11 @@ class CudaBackend final : public Backend {
   Buffer block_;
   cudaStream_t main_ = nullptr;
   cudaStream_t side_ = nullptr;
-  std::vector<cudaEvent_t> events_;
   cudaEvent_t logits_ready_[2] = {};
   cudaEvent_t dlogits_ready_[2] = {};
   cudaEvent_t side_done_ = nullptr;
-  std::unique_ptr<GemmRunner> gemm_;
+  GemmRunner* gemm_ = nullptr;  // the context's, for this compute type and
+                                // workspace share
   int num_sms_ = 0;
 
   float* logits_ = nullptr;  // [rows, ld] fp32 (the buffer)
@@ -143,8 +141,6 @@ absl::Status CudaBackend::Begin() {
                    ScopedDevice::Enter(context_.device().ordinal));
   device_.emplace(std::move(scoped));
   ASSIGN_OR_RETURN(main_, CudaStreamOf(context_));
-  ASSIGN_OR_RETURN(cublasLtHandle_t lt, CublasLtHandleOf(context_));
-  ASSIGN_OR_RETURN(void* lt_workspace, context_.cublaslt_workspace());
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &num_sms_, cudaDevAttrMultiProcessorCount, context_.device().ordinal));
   ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
@@ -227,26 +223,26 @@ absl::Status CudaBackend::Begin() {
   const cublasComputeType_t compute =
       operand_ == DType::kF32 && options.use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                   : CUBLAS_COMPUTE_32F;
-  ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(context_));
-  gemm_ = std::make_unique<GemmRunner>(
-      lt, lt_workspace, plan_.gemm_workspace_bytes, compute, tuning);
+  // The plans, the second stream and its events belong to the context: made
+  // on a context's first call, reused by the later ones.
+  ASSIGN_OR_RETURN(gemm_, ContextGemmRunnerFor(context_, compute,
+                                               plan_.gemm_workspace_bytes));
 
   if (plan_.overlap_streams) {
-    // The cross-entropy stream gets the higher priority, so that its blocks
-    // take SMs as soon as GEMM tiles retire instead of queueing behind the next
-    // GEMM.
-    int least = 0;
-    int greatest = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
-    for (cudaEvent_t* event :
-         {&logits_ready_[0], &logits_ready_[1], &dlogits_ready_[0],
-          &dlogits_ready_[1], &side_done_}) {
-      CUDA_RETURN_IF_ERROR(
-          cudaEventCreateWithFlags(event, cudaEventDisableTiming));
-      events_.push_back(*event);
-    }
+    // The cross-entropy runs on the context's second stream, of the device's
+    // highest priority, so that its blocks take SMs as soon as GEMM tiles
+    // retire instead of queueing behind the next GEMM.
+    ASSIGN_OR_RETURN(side_, ContextSideStream(context_));
+    ASSIGN_OR_RETURN(const cudaEvent_t* events, ContextEvents(context_, 5));
+    logits_ready_[0] = events[0];
+    logits_ready_[1] = events[1];
+    dlogits_ready_[0] = events[2];
+    dlogits_ready_[1] = events[3];
+    side_done_ = events[4];
+    // The side stream's work of this call follows what the context's stream
+    // has queued so far (the inputs' producers, the block's conversions).
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(side_done_, main_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_, side_done_, 0));
   }
   return absl::OkStatus();
 }

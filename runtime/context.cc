@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
 
 Context::~Context() {
   gemm_runner_.reset();
+  runners_.clear();
   gemm_tuning_.reset();
   workspace_.Reset();
   cublaslt_workspace_.Reset();
@@ -65,6 +66,12 @@ Context::~Context() {
     auto scoped = ScopedDevice::Enter(device_.ordinal);
     if (stream_ != nullptr)
       cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    if (side_stream_ != nullptr) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(side_stream_));
+      cudaStreamDestroy(static_cast<cudaStream_t>(side_stream_));
+    }
+    for (void* event : events_)
+      cudaEventDestroy(static_cast<cudaEvent_t>(event));
     if (deferred_errors_ != nullptr) cudaFreeHost(deferred_errors_);
     if (cublaslt_ != nullptr)
       cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
@@ -243,6 +250,71 @@ absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context) {
         [](GemmRunner* runner) { delete runner; });
   }
   return context.gemm_runner_.get();
+}
+
+absl::StatusOr<GemmRunner*> ContextGemmRunnerFor(Context& context,
+                                                 int compute_type,
+                                                 int64_t workspace_bytes) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "ContextGemmRunnerFor"));
+  if (workspace_bytes < 0 ||
+      workspace_bytes > Context::kCublasLtWorkspaceBytes) {
+    return InvalidArgument("ContextGemmRunnerFor: workspace_bytes ",
+                           workspace_bytes, " is outside [0, ",
+                           Context::kCublasLtWorkspaceBytes, "]");
+  }
+  for (Context::RunnerSlot& slot : context.runners_) {
+    if (slot.compute_type == compute_type &&
+        slot.workspace_bytes == workspace_bytes) {
+      return slot.runner.get();
+    }
+  }
+  ASSIGN_OR_RETURN(void* handle, context.cublaslt_handle());
+  ASSIGN_OR_RETURN(void* workspace, context.cublaslt_workspace());
+  ASSIGN_OR_RETURN(GemmTuning * tuning, ContextGemmTuning(context));
+  context.runners_.push_back(Context::RunnerSlot{
+      compute_type, workspace_bytes,
+      std::unique_ptr<GemmRunner, void (*)(GemmRunner*)>(
+          new GemmRunner(
+              static_cast<cublasLtHandle_t>(handle), workspace, workspace_bytes,
+              static_cast<cublasComputeType_t>(compute_type), tuning),
+          [](GemmRunner* runner) { delete runner; })});
+  return context.runners_.back().runner.get();
+}
+
+absl::StatusOr<void*> ContextSideStreamHandle(Context& context) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "ContextSideStream"));
+  if (context.side_stream_ == nullptr) {
+    ASSIGN_OR_RETURN(ScopedDevice scoped,
+                     ScopedDevice::Enter(context.device_.ordinal));
+    int least = 0;
+    int greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t stream = nullptr;
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+    context.side_stream_ = stream;
+  }
+  return context.side_stream_;
+}
+
+absl::StatusOr<void* const*> ContextEventHandles(Context& context, int count) {
+  RETURN_IF_ERROR(RequireCuda(context.device_, "ContextEvents"));
+  constexpr int kMaxEvents = 64;
+  if (count < 1 || count > kMaxEvents) {
+    return InvalidArgument("ContextEvents: count ", count, " is outside [1, ",
+                           kMaxEvents, "]");
+  }
+  if (static_cast<int>(context.events_.size()) < count) {
+    ASSIGN_OR_RETURN(ScopedDevice scoped,
+                     ScopedDevice::Enter(context.device_.ordinal));
+    while (static_cast<int>(context.events_.size()) < count) {
+      cudaEvent_t event = nullptr;
+      CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      context.events_.push_back(event);
+    }
+  }
+  return context.events_.data();
 }
 
 absl::StatusOr<int64_t*> DeferredErrorCountOf(Context& context) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -90,8 +91,13 @@ class Context {
   // Typed access to the CUDA internals below, for code built with the CUDA
   // toolkit (declared and documented in runtime/cuda_context.h).
   friend absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context);
+  friend absl::StatusOr<GemmRunner*> ContextGemmRunnerFor(
+      Context& context, int compute_type, int64_t workspace_bytes);
   friend absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context);
   friend absl::StatusOr<int64_t*> DeferredErrorCountOf(Context& context);
+  friend absl::StatusOr<void*> ContextSideStreamHandle(Context& context);
+  friend absl::StatusOr<void* const*> ContextEventHandles(Context& context,
+                                                          int count);
 
   explicit Context(Device device);
   absl::Status CreateDeferredErrorCount();
@@ -108,6 +114,18 @@ class Context {
                                                                   nullptr};
   std::unique_ptr<GemmRunner, void (*)(GemmRunner*)> gemm_runner_{nullptr,
                                                                   nullptr};
+  // Runners of other compute types and workspace shares (ContextGemmRunnerFor),
+  // kept across calls so that an op's GEMM plans are made once.
+  struct RunnerSlot {
+    int compute_type;
+    int64_t workspace_bytes;
+    std::unique_ptr<GemmRunner, void (*)(GemmRunner*)> runner;
+  };
+  std::vector<RunnerSlot> runners_;
+  // A second stream and a pool of events for ops that overlap work on two
+  // streams (created on first use; cudaStream_t, cudaEvent_t).
+  void* side_stream_ = nullptr;
+  std::vector<void*> events_;
   // Pinned host memory, written by the device (created with the stream).
   int64_t* deferred_errors_ = nullptr;
   Buffer workspace_;

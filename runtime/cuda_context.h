@@ -46,6 +46,42 @@ inline absl::StatusOr<bool> StreamIsCapturing(Context& context) {
 // and workspace (created on first use); run its GEMMs on the context's stream.
 absl::StatusOr<GemmRunner*> ContextGemmRunner(Context& context);
 
+// A plan cache like ContextGemmRunner's with another compute type and a share
+// of the context's cuBLASLt workspace (its first `workspace_bytes`), kept by
+// the context and handed to every later call with the same pair: an op that
+// runs GEMMs every call makes its plans (descriptors, layouts, the heuristic's
+// candidates) once. Run its GEMMs on the context's stream.
+absl::StatusOr<GemmRunner*> ContextGemmRunnerFor(Context& context,
+                                                 int compute_type,
+                                                 int64_t workspace_bytes);
+inline absl::StatusOr<GemmRunner*> ContextGemmRunnerFor(
+    Context& context, cublasComputeType_t compute_type,
+    int64_t workspace_bytes) {
+  return ContextGemmRunnerFor(context, static_cast<int>(compute_type),
+                              workspace_bytes);
+}
+
+// The context's second stream (non-blocking, the device's highest priority;
+// created on first use, destroyed with the context), for ops that overlap two
+// kinds of work. An op that uses it orders it against the context's stream
+// with events before it returns, so the context's stream stays the one that
+// callers synchronize with.
+absl::StatusOr<void*> ContextSideStreamHandle(Context& context);
+inline absl::StatusOr<cudaStream_t> ContextSideStream(Context& context) {
+  ASSIGN_OR_RETURN(void* stream, ContextSideStreamHandle(context));
+  return static_cast<cudaStream_t>(stream);
+}
+
+// `count` events (cudaEventDisableTiming) of the context, created on first use
+// and shared by every call: an op records and waits on them within one call
+// and holds none across calls. At most 64.
+absl::StatusOr<void* const*> ContextEventHandles(Context& context, int count);
+inline absl::StatusOr<const cudaEvent_t*> ContextEvents(Context& context,
+                                                        int count) {
+  ASSIGN_OR_RETURN(void* const* events, ContextEventHandles(context, count));
+  return reinterpret_cast<const cudaEvent_t*>(events);
+}
+
 // The context's table of tuned GEMM algorithms (created on first use; see
 // Context::set_gemm_tuning), for runners that an op makes with its own
 // workspace size or compute type.

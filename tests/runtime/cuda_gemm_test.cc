@@ -2,7 +2,8 @@
 // heuristic's first choice writes, a shape is timed once per table, an
 // accumulating (beta = 1, in place) call is never timed on the caller's data
 // but takes the choice a beta = 0 call of its shape made, and a disabled table
-// times nothing. GPU only: skipped (saying so) elsewhere.
+// times nothing; the context's runners, second stream and events for ops are
+// made once. GPU only: skipped (saying so) elsewhere.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -154,6 +155,58 @@ TEST(GemmTuningTest, DisabledTableTimesNothing) {
   ASSERT_TRUE(p.context->set_gemm_tuning(true).ok());
   RunCalls(p, start, tuning, {0.0f});
   EXPECT_EQ(tuning->size(), 1);
+}
+
+// The context's per-call resources for ops (cuda_context.h): a runner per
+// compute type and workspace share, one second stream, a pool of events; each
+// made once and handed out again.
+TEST(ContextResourcesTest, RunnersStreamAndEventsAreMadeOnce) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Context> context = *Context::Create(Device::Cuda(0));
+  absl::StatusOr<GemmRunner*> a =
+      ContextGemmRunnerFor(*context, CUBLAS_COMPUTE_32F, 1 << 20);
+  absl::StatusOr<GemmRunner*> again =
+      ContextGemmRunnerFor(*context, CUBLAS_COMPUTE_32F, 1 << 20);
+  absl::StatusOr<GemmRunner*> other_share =
+      ContextGemmRunnerFor(*context, CUBLAS_COMPUTE_32F, 1 << 21);
+  absl::StatusOr<GemmRunner*> other_type =
+      ContextGemmRunnerFor(*context, CUBLAS_COMPUTE_32F_FAST_TF32, 1 << 20);
+  ASSERT_TRUE(a.ok() && again.ok() && other_share.ok() && other_type.ok());
+  EXPECT_EQ(*a, *again);
+  EXPECT_NE(*a, *other_share);
+  EXPECT_NE(*a, *other_type);
+  EXPECT_EQ(ContextGemmRunnerFor(*context, CUBLAS_COMPUTE_32F,
+                                 Context::kCublasLtWorkspaceBytes + 1)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+
+  absl::StatusOr<cudaStream_t> side = ContextSideStream(*context);
+  absl::StatusOr<cudaStream_t> side_again = ContextSideStream(*context);
+  absl::StatusOr<cudaStream_t> main = CudaStreamOf(*context);
+  ASSERT_TRUE(side.ok() && side_again.ok() && main.ok());
+  EXPECT_NE(*side, nullptr);
+  EXPECT_EQ(*side, *side_again);
+  EXPECT_NE(*side, *main);
+
+  absl::StatusOr<const cudaEvent_t*> two = ContextEvents(*context, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const cudaEvent_t first = (*two)[0];
+  const cudaEvent_t second = (*two)[1];
+  absl::StatusOr<const cudaEvent_t*> five = ContextEvents(*context, 5);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ((*five)[0], first);  // the pool grows; its first events stay
+  EXPECT_EQ((*five)[1], second);
+  EXPECT_NE((*five)[4], nullptr);
+  EXPECT_NE((*five)[4], first);
+  // The events order the two streams.
+  EXPECT_EQ(cudaEventRecord((*five)[4], *side), cudaSuccess);
+  EXPECT_EQ(cudaStreamWaitEvent(*main, (*five)[4], 0), cudaSuccess);
+  EXPECT_TRUE(context->Synchronize().ok());
+  EXPECT_EQ(ContextEvents(*context, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ContextEvents(*context, 65).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 #else
