@@ -29,7 +29,7 @@ readonly LOGS=${GPU_TEST_LOGS:-${HERE}/logs}
 
 # The GPU cases, for the sanitizer tools that skip the host ones: names that say so, and
 # the suites whose GPU cases do not (they loop over the devices, or need a GPU throughout).
-readonly GPU_CASES='*cuda*:*Cuda*:*CUDA*:*gpu*:*Gpu*:*GPU*:GemmTuningTest.*:CopyTensorTest.HostDeviceRoundTrip:CopyTensorTest.DeviceTensorOnAnotherDeviceIsRejected:LinearResidualTest.*:LinearGeluTest.*:AddTest.*:AccumulateIntoTest.*:ZeroTest.*:GraphResidualTest.FusedResidualsMatchExplicitAdds:GraphLossHeadTest.*:AdamWTest.DecayMaskBoundaryIsExact:GradientNormTest.MatchesDoubleSum'
+readonly GPU_CASES='*cuda*:*Cuda*:*CUDA*:*gpu*:*Gpu*:*GPU*:GemmTuningTest.*:CopyTensorTest.HostDeviceRoundTrip:CopyTensorTest.DeviceTensorOnAnotherDeviceIsRejected:LinearResidualTest.*:LinearGeluTest.*:AddTest.*:AccumulateIntoTest.*:ZeroTest.*:GraphResidualTest.FusedResidualsMatchExplicitAdds:GraphLossHeadTest.*:AdamWTest.DecayMaskBoundaryIsExact:GradientNormTest.MatchesDoubleSum:CrossEntropyExtrasTest.*:LinearCrossEntropyExtrasTest.*:NcclCommunicatorTest.*:ContextResourcesTest.*'
 
 sanitize=""
 names=()
