@@ -1,8 +1,8 @@
-// CUDA kernels of the vocabulary-parallel linear cross-entropy
-// (vocab_parallel_linear_cross_entropy_kernels.h): one block per row for the
-// chunk kernels, one block for the record, one thread per column for d_bias.
-// Every reduction runs in a fixed order (per-thread strided sums, then a
-// shared-memory tree), so the results are the same run to run.
+// CUDA kernels of the vocabulary-parallel ops (vocab_parallel_kernels.h): one
+// block per row for the chunk kernels and the widening, one block for the
+// record, one thread per column for d_bias. Every reduction runs in a fixed
+// order (per-thread strided sums, then a shared-memory tree), so the results
+// are the same run to run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "loss/vocab_parallel_linear_cross_entropy_kernels.h"
+#include "loss/vocab_parallel_kernels.h"
 #include "runtime/device_convert.cuh"
 
 namespace lossrt {
-namespace vplce {
+namespace vocab_parallel {
 namespace {
 
 constexpr int kThreads = 256;
@@ -350,6 +350,15 @@ __global__ void ColumnSumKernel(ColumnSumArgs args) {
   args.d_bias[j] = value;
 }
 
+// One block per row, threads striding over its columns.
+__global__ void WidenKernel(WidenArgs args) {
+  const int64_t row = blockIdx.x;
+  float* dst = args.dst + row * args.dst_ld;  // [cols]
+  const int64_t base = row * args.src_ld;
+  for (int64_t j = threadIdx.x; j < args.cols; j += kThreads)
+    dst[j] = Load(args.src, args.type, base + j);
+}
+
 bool RowsFit(int64_t rows) { return rows <= INT32_MAX; }
 
 }  // namespace
@@ -400,5 +409,12 @@ cudaError_t LaunchColumnSum(const ColumnSumArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace vplce
+cudaError_t LaunchWiden(const WidenArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  if (!RowsFit(args.rows)) return cudaErrorInvalidValue;
+  WidenKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace vocab_parallel
 }  // namespace lossrt

@@ -1,14 +1,14 @@
-// The vocabulary-parallel linear cross-entropy's own CUDA kernels
-// (vocab_parallel_linear_cross_entropy_kernels.cu) and their arguments, used by
-// the CUDA path of vocab_parallel_linear_cross_entropy.cc: the rank's record
-// (the checks' verdict and the target sums exchanged before anything is
-// written), the target weights from their owners, and per row of a token
-// chunk the local max, the sums relative to the global max, and the loss, lse
-// and dlogits, and the d_bias column sums. Internal to //loss. The per-row math
-// mirrors the CPU path of vocab_parallel_linear_cross_entropy.cc term for term
-// (same f32/f64 types).
-#ifndef LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_KERNELS_H_
-#define LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_KERNELS_H_
+// The CUDA kernels of the two vocabulary-parallel ops
+// (vocab_parallel_kernels.cu) and their arguments, used by the CUDA paths of
+// vocab_parallel_cross_entropy.cc and vocab_parallel_linear_cross_entropy.cc:
+// the rank's record (the checks' verdict and the target sums exchanged before
+// anything is written), the target weights from their owners, and per row of
+// a token chunk of fp32 logits the local max, the sums relative to the global
+// max, and the loss, lse and dlogits; the logits widened to fp32 and the
+// d_bias column sums. Internal to //loss. The per-row math mirrors the CPU
+// twins of vocab_parallel_internal.h term for term (same f32/f64 types).
+#ifndef LOSSRT_LOSS_VOCAB_PARALLEL_KERNELS_H_
+#define LOSSRT_LOSS_VOCAB_PARALLEL_KERNELS_H_
 
 #include <cstdint>
 
@@ -16,12 +16,12 @@
 
 // The launchers: for nvcc and for host code built with the toolkit.
 #if defined(LOSSRT_WITH_CUDA) || defined(__CUDACC__)
-#define LOSSRT_VPLCE_LAUNCHERS 1
+#define LOSSRT_VOCAB_PARALLEL_LAUNCHERS 1
 #include <cuda_runtime.h>
 #endif
 
 namespace lossrt {
-namespace vplce {
+namespace vocab_parallel {
 
 // The exchanged record of a rank (i64). The fields from kInvalid on are
 // written by the device (CUDA path; 0 on the CPU, whose ranks check their
@@ -130,7 +130,18 @@ struct ColumnSumArgs {
   float* d_bias = nullptr;  // [cols] fp32
 };
 
-#ifdef LOSSRT_VPLCE_LAUNCHERS
+// dst = src widened to fp32: a token chunk of the logits for the row kernels.
+struct WidenArgs {
+  const void* src = nullptr;  // [rows, cols] of `type`, row stride src_ld
+  DType type = DType::kF32;
+  int64_t src_ld = 0;
+  float* dst = nullptr;  // [rows, cols] fp32, row stride dst_ld
+  int64_t dst_ld = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+#ifdef LOSSRT_VOCAB_PARALLEL_LAUNCHERS
 cudaError_t LaunchRecord(const RecordArgs& args, cudaStream_t stream);
 cudaError_t LaunchTargetWeights(const TargetWeightArgs& args,
                                 cudaStream_t stream);
@@ -141,9 +152,10 @@ cudaError_t LaunchRowSums(const ChunkArgs& args, cudaStream_t stream);
 // Loss and lse (fused) and the dlogits in place (backward).
 cudaError_t LaunchRowFinish(const ChunkArgs& args, cudaStream_t stream);
 cudaError_t LaunchColumnSum(const ColumnSumArgs& args, cudaStream_t stream);
+cudaError_t LaunchWiden(const WidenArgs& args, cudaStream_t stream);
 #endif
 
-}  // namespace vplce
+}  // namespace vocab_parallel
 }  // namespace lossrt
 
-#endif  // LOSSRT_LOSS_VOCAB_PARALLEL_LINEAR_CROSS_ENTROPY_KERNELS_H_
+#endif  // LOSSRT_LOSS_VOCAB_PARALLEL_KERNELS_H_

@@ -7,7 +7,7 @@
 // lse from those, the local dlogits from the global lse, d_hidden's partial
 // product all-reduced (kSum, f32), d_weight and d_bias accumulated locally.
 // The CUDA path (CudaRunner, kernels in
-// vocab_parallel_linear_cross_entropy_kernels.cu) runs the same steps on the
+// vocab_parallel_kernels.cu) runs the same steps on the
 // context's stream.
 //
 // The per-row math follows the cross-entropy's CPU twin
@@ -28,7 +28,8 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/loss_checks.h"
-#include "loss/vocab_parallel_linear_cross_entropy_kernels.h"
+#include "loss/vocab_parallel_internal.h"
+#include "loss/vocab_parallel_kernels.h"
 #include "runtime/dtype.h"
 #include "runtime/int_math.h"
 #include "runtime/status.h"
@@ -49,7 +50,7 @@
 #endif
 
 namespace lossrt {
-namespace vplce {
+namespace vocab_parallel {
 namespace {
 
 using RowMajor =
@@ -61,81 +62,7 @@ constexpr int64_t kAlignment = 256;
 // A chunk's regions (logits, row max, row sums, d_hidden partial) are each
 // 256-aligned: the most bytes their alignment may add.
 constexpr int64_t kChunkSlack = 4 * kAlignment;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// FNV-1a over bytes, folded into `hash`.
-uint64_t Fnv(uint64_t hash, const void* data, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
-}
-
-template <typename T>
-uint64_t FnvValue(uint64_t hash, const T& value) {
-  return Fnv(hash, &value, sizeof(value));
-}
-
-int64_t OptionsHash(const CrossEntropyOptions& ce) {
-  uint64_t hash = 14695981039346656037ull;
-  hash = FnvValue(hash, ce.ignore_index);
-  hash = FnvValue(hash, static_cast<int>(ce.reduction));
-  hash = FnvValue(hash, ce.label_smoothing);
-  hash = FnvValue(hash, ce.z_loss);
-  hash = FnvValue(hash, ce.softcap);
-  hash = FnvValue(hash, ce.entropy_weight);
-  hash = FnvValue(hash, ce.class_weights.has_value());
-  hash = FnvValue(hash, ce.validate_targets);
-  return static_cast<int64_t>(hash >> 1);
-}
-
-int64_t TargetsHash(const Tensor& targets) {
-  const uint64_t hash =
-      Fnv(14695981039346656037ull, targets.data,
-          static_cast<size_t>(targets.dim(0) * DTypeSize(targets.dtype)));
-  return static_cast<int64_t>(hash >> 1);
-}
-
-float LoadHost(const void* base, DType type, int64_t i) {
-  switch (type) {
-    case DType::kBF16:
-      return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16:
-      return F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-void StoreHost(void* base, DType type, int64_t i, float value) {
-  switch (type) {
-    case DType::kBF16:
-      static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(value);
-      break;
-    case DType::kF16:
-      static_cast<uint16_t*>(base)[i] = FloatToF16Bits(value);
-      break;
-    default:
-      static_cast<float*>(base)[i] = value;
-  }
-}
-
-// `value` rounded to `type` and back (the 16-bit dlogits of the single-device
-// op).
-float RoundTo(DType type, float value) {
-  switch (type) {
-    case DType::kBF16:
-      return Bf16BitsToFloat(FloatToBf16Bits(value));
-    case DType::kF16:
-      return F16BitsToFloat(FloatToF16Bits(value));
-    default:
-      return value;
-  }
-}
-
-int64_t LoadTarget(const Tensor& targets, int64_t i) {
-  return targets.dtype == DType::kI64 ? targets.data_as<const int64_t>()[i]
-                                      : targets.data_as<const int32_t>()[i];
-}
+constexpr char kOpName[] = "vocabulary-parallel linear cross-entropy";
 
 // One call on one rank.
 struct Problem {
@@ -377,73 +304,6 @@ absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
   return absl::OkStatus();
 }
 
-// What every rank agrees on after the exchange.
-struct Agreed {
-  int64_t chunk_rows = 0;
-  int64_t num_chunks = 0;
-};
-
-// Checks the ranks' records: every rank valid, one N, H, V and pass, slices
-// contiguous in rank order covering [0, V).
-absl::Status CheckRecords(const int64_t* records, int world_size, int rank,
-                          bool validate_targets, Agreed& agreed) {
-  for (int r = 0; r < world_size; ++r) {
-    const int64_t* rec = records + r * kFields;
-    // The device's verdict on a rank's targets and class weights (CUDA; 0 on
-    // the CPU, which checks them before the exchange).
-    const bool rejected = rec[kOk] == 0 || rec[kNegativeWeights] > 0 ||
-                          (validate_targets && rec[kInvalid] > 0);
-    if (rejected && r != rank) {
-      return InvalidArgument(
-          "vocabulary-parallel linear cross-entropy: rank ", r,
-          " rejected its inputs (see its error); nothing was written");
-    }
-  }
-  const int64_t* first = records;
-  int64_t expected_offset = 0;
-  int64_t max_rows = first[kChunkRows];
-  for (int r = 0; r < world_size; ++r) {
-    const int64_t* rec = records + r * kFields;
-    for (Field field : {kVocab, kTokens, kHidden, kPass}) {
-      if (rec[field] != first[field]) {
-        const char* names[] = {"", "", "", "vocab", "N", "H", "", "pass"};
-        return InvalidArgument("vocab shard: rank ", r, "'s ", names[field],
-                               " = ", rec[field], " differs from rank 0's ",
-                               first[field]);
-      }
-    }
-    if (rec[kOptions] != first[kOptions]) {
-      return InvalidArgument(
-          "vocab shard: rank ", r,
-          "'s cross-entropy options (or whether it has class weights) differ "
-          "from rank 0's");
-    }
-    if (rec[kTargets] != first[kTargets]) {
-      return InvalidArgument("vocab shard: rank ", r,
-                             "'s targets differ from rank 0's");
-    }
-    if (rec[kOffset] != expected_offset) {
-      return InvalidArgument("vocab shard: rank ", r, "'s slice starts at ",
-                             rec[kOffset], ", expected ", expected_offset,
-                             " (slices contiguous in rank order from 0)");
-    }
-    expected_offset += rec[kLocalVocab];
-    max_rows = std::min(max_rows, rec[kChunkRows]);
-  }
-  if (expected_offset != first[kVocab]) {
-    return InvalidArgument("vocab shard: the ranks' slices cover [0, ",
-                           expected_offset, "), not the vocabulary [0, ",
-                           first[kVocab], ")");
-  }
-  const int64_t n = first[kTokens];
-  if (n > 0) {
-    const int64_t chunks = CeilDiv(n, max_rows);
-    agreed.chunk_rows = CeilDiv(n, chunks);
-    agreed.num_chunks = chunks;
-  }
-  return absl::OkStatus();
-}
-
 class Runner {
  public:
   Runner(Context& context, const Problem& p)
@@ -593,7 +453,8 @@ absl::Status Runner::Exchange(const absl::Status& local) {
                                   View(record, DType::kI64, world * kFields),
                                   context_));
   RETURN_IF_ERROR(local);
-  return CheckRecords(record, world, rank, ce_.validate_targets, agreed_);
+  return CheckRecords(record, world, rank, ce_.validate_targets, kOpName,
+                      agreed_);
 }
 
 absl::Status Runner::Run(const absl::Status& checks) {
@@ -668,11 +529,6 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   const int64_t v = p_.local_vocab;
   const int64_t h = p_.hidden;
   const int64_t ld = layout_.ld;
-  const int64_t offset = p_.shard->vocab_offset;
-  const int64_t vocab = p_.shard->vocab;
-  const double s = ce_.label_smoothing;
-  const float cap = ce_.softcap;
-  const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
   const ChunkRegions regions = RegionsOf(chunk_.data(), layout_, h);
   float* logits = regions.logits;    // [rows, ld]
@@ -688,148 +544,55 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   z.noalias() = hidden * weight.transpose();
   if (bias_ != nullptr)
     z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_, v);
-  if (cap > 0.0f) z = cap * (z * inv_cap).array().tanh().matrix();
+  SoftcapCpu(logits, rows, v, ld, ce_.softcap);
+
+  ChunkArgs args;
+  args.logits = logits;
+  args.ld = ld;
+  args.rows = rows;
+  args.cols = v;
+  args.offset = p_.shard->vocab_offset;
+  args.vocab = p_.shard->vocab;
+  args.targets = static_cast<const char*>(in.targets.data) +
+                 row_begin * DTypeSize(in.targets.dtype);
+  args.targets_i64 = in.targets.dtype == DType::kI64;
+  args.ignore_index = ce_.ignore_index;
+  args.label_smoothing = ce_.label_smoothing;
+  args.z_loss = ce_.z_loss;
+  args.softcap = ce_.softcap;
+  args.entropy_weight = ce_.entropy_weight;
+  args.class_weights = class_weights_;
+  args.target_weight = target_weight_ + row_begin;
+  args.row_max = row_max;
+  args.sums = sums;
+  args.lse = lse_ + row_begin;
+  args.row_loss = row_loss_ != nullptr ? row_loss_ + row_begin : nullptr;
+  args.mean = ce_.reduction == Reduction::kMean;
+  args.ce_scale = ce_scale_;
+  args.z_scale = z_scale_;
+  args.weight_total = stats_.weight_total;
+  args.fused = p_.forward();
+  args.backward = p_.backward();
+  args.grad_type = operand_;
+  if (p_.grad_loss != nullptr) {
+    args.grad_loss_per_row = ce_.reduction == Reduction::kNone;
+    args.grad_loss = p_.grad_loss->data_as<const float>() +
+                     (args.grad_loss_per_row ? row_begin : 0);
+  }
+  args.dlogits_scale = dlogits_scale_;
 
   // The global lse: the row max (kMax), then the row sums (kSum).
-  const bool fused = p_.forward();
-  const bool entropy = ce_.entropy_weight != 0.0f;
-  if (fused) {
-    for (int64_t i = 0; i < rows; ++i) row_max[i] = z.row(i).maxCoeff();
+  if (args.fused) {
+    RowMaxCpu(args);
     const Tensor maxes = View(row_max, DType::kF32, rows);
     RETURN_IF_ERROR(comm_.AllReduce(maxes, maxes, ReduceOp::kMax, context_));
-    for (int64_t i = 0; i < rows; ++i) {
-      const float m = row_max[i];
-      const float* zr = logits + i * ld;
-      double sum_exp = 0.0, smooth = 0.0, centered = 0.0, gap = 0.0;
-      for (int64_t j = 0; j < v; ++j) {
-        const float d = zr[j] - m;
-        const float e = std::exp(d);
-        sum_exp += e;
-        if (entropy && e > 0.0f) centered += static_cast<double>(e) * d;
-        if (s > 0.0) {
-          smooth += (class_weights_ != nullptr ? class_weights_[j] : 1.0f) *
-                    static_cast<double>(m - zr[j]);
-        }
-      }
-      const int64_t t = LoadTarget(in.targets, row_begin + i);
-      if (t >= offset && t < offset + v)
-        gap = static_cast<double>(m) - zr[t - offset];
-      double* out = sums + i * kRowSums;
-      out[kSumExp] = sum_exp;
-      out[kSmoothSum] = smooth;
-      out[kTargetGap] = gap;
-      out[kCentered] = centered;
-    }
+    RowSumsCpu(args);
     const Tensor all = View(sums, DType::kF64, rows * kRowSums);
     RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
   }
-
-  // Loss and lse of each row, then (backward) its dlogits in place.
-  const double weight_total = stats_.weight_total;
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t row = row_begin + i;
-    const int64_t t = LoadTarget(in.targets, row);
-    const bool ignored = t == ce_.ignore_index;
-    const bool valid = !ignored && t >= 0 && t < vocab;
-    float* zr = logits + i * ld;
-    double shift = 0.0, log_sum = 0.0, lse = 0.0, row_entropy = 0.0;
-    if (fused) {
-      const double* sum = sums + i * kRowSums;
-      shift = row_max[i];
-      log_sum = std::log(sum[kSumExp]);
-      lse = shift + log_sum;
-      lse_[row] = static_cast<float>(lse);
-      if (entropy && valid) {
-        row_entropy = row_max[i] == std::numeric_limits<float>::infinity()
-                          ? kNaN
-                          : log_sum - sum[kCentered] / sum[kSumExp];
-      }
-      if (!valid) {
-        if (row_loss_ != nullptr) row_loss_[row] = ignored ? 0.0f : kNaN;
-      } else {
-        const double w_t = target_weight_[row];
-        const double nll = sum[kTargetGap] + log_sum;
-        double ce = (1.0 - s) * w_t * nll;
-        if (s > 0.0)
-          ce += s / vocab * (weight_total * log_sum + sum[kSmoothSum]);
-        double zl = ce_.z_loss > 0.0f ? ce_.z_loss * lse * lse : 0.0;
-        if (entropy) zl -= ce_.entropy_weight * row_entropy;
-        if (row_loss_ != nullptr) {
-          row_loss_[row] = static_cast<float>(
-              ce_.reduction == Reduction::kMean ? ce * ce_scale_ + zl * z_scale_
-                                                : ce + zl);
-        }
-      }
-    } else {
-      shift = lse_[row];
-      lse = shift;
-    }
-    if (!p_.backward()) continue;
-
-    if (!valid) {
-      std::fill(zr, zr + v, ignored ? 0.0f : kNaN);
-      continue;
-    }
-    // The coefficients of loss/cross_entropy_cpu.cc's WriteGradRow.
-    double g = 1.0;
-    if (p_.grad_loss != nullptr) {
-      g = p_.grad_loss->data_as<
-          const float>()[ce_.reduction == Reduction::kNone ? row : 0];
-    }
-    g = static_cast<float>(dlogits_scale_ * g);
-    const double w_t = target_weight_[row];
-    const double ce_scale = g * ce_scale_, z_scale = g * z_scale_;
-    const double target_coef = ce_scale * (1.0 - s) * w_t;
-    const double smooth_w = ce_scale * s / vocab;
-    const double z_term =
-        ce_.z_loss > 0.0f ? 2.0 * z_scale * ce_.z_loss * lse : 0.0;
-    const double coef_d = target_coef + smooth_w * weight_total + z_term;
-    const double target_offset = smooth_w * (weight_total - w_t) + z_term;
-    const double ent_coef = z_scale * ce_.entropy_weight;
-    // The target's gradient (its owner only), through expm1 as the
-    // single-device op.
-    float target_grad = 0.0f;
-    const bool owner = t >= offset && t < offset + v;
-    if (owner) {
-      const double z_t = zr[t - offset];
-      const double d_t = (z_t - shift) - log_sum;
-      double dz_t = coef_d * std::expm1(d_t) + target_offset;
-      if (ent_coef != 0.0 && std::exp(d_t) > 0)
-        dz_t += ent_coef * std::exp(d_t) * (d_t + row_entropy);
-      if (cap > 0.0f) {
-        const double q = z_t * inv_cap;
-        dz_t *= 1.0 - q * q;
-      }
-      target_grad = static_cast<float>(dz_t);
-    }
-    const float shift_f = static_cast<float>(shift);
-    const float log_sum_f = static_cast<float>(log_sum);
-    const float coef = static_cast<float>(coef_d);
-    const float smooth_wf = static_cast<float>(smooth_w);
-    const float ent_f = static_cast<float>(ent_coef);
-    const float entropy_f = static_cast<float>(row_entropy);
-    for (int64_t j = 0; j < v; ++j) {
-      const float zj = zr[j];
-      const float d = (zj - shift_f) - log_sum_f;
-      const float e = std::exp(d);
-      float dz;
-      if (ent_coef != 0.0) {
-        dz = e > 0.0f ? e * (coef + ent_f * (d + entropy_f)) : 0.0f;
-      } else {
-        dz = coef * e;
-      }
-      if (smooth_w != 0.0)
-        dz -=
-            smooth_wf * (class_weights_ != nullptr ? class_weights_[j] : 1.0f);
-      if (cap > 0.0f) dz *= 1.0f - (zj * inv_cap) * (zj * inv_cap);
-      zr[j] = dz;
-    }
-    if (owner) zr[t - offset] = target_grad;
-    // The single-device op's dlogits are in the operand dtype.
-    if (operand_ != DType::kF32) {
-      for (int64_t j = 0; j < v; ++j) zr[j] = RoundTo(operand_, zr[j]);
-    }
-  }
+  // Loss and lse of each row, then (backward) its dlogits in place, rounded
+  // to the operand dtype as the single-device op's.
+  RowFinishCpu(args);
   if (!p_.backward()) return absl::OkStatus();
 
   // d_hidden[rows] = sum over the ranks of dlogits @ weight_r.
@@ -914,7 +677,7 @@ absl::Status Runner::Finish() {
 #ifdef LOSSRT_WITH_CUDA
 // The CUDA path: the same exchange and chunk loop with the chunk's logits from
 // the context's GEMM runner and the row statistics and dlogits from the
-// kernels of vocab_parallel_linear_cross_entropy_kernels.h, every collective
+// kernels of vocab_parallel_kernels.h, every collective
 // queued on the context's stream. The targets are checked on the device and
 // their verdict travels in the record, so that the exchange needs the call's
 // one wait for the stream (the records' readback).
@@ -1050,8 +813,8 @@ absl::Status CudaRunner::Exchange(const absl::Status& local) {
   stats.invalid = own[kInvalid];
   stats.negative_weights = own[kNegativeWeights];
   RETURN_IF_ERROR(ce::CheckTargetStats(stats, ce_, p_.tokens, p_.shard->vocab));
-  RETURN_IF_ERROR(
-      CheckRecords(records.data(), world, rank, ce_.validate_targets, agreed_));
+  RETURN_IF_ERROR(CheckRecords(records.data(), world, rank,
+                               ce_.validate_targets, kOpName, agreed_));
 
   // The mean's denominators and W from the ranks' sums, in rank order.
   const double counted = static_cast<double>(own[kCounted]);
@@ -1363,21 +1126,21 @@ absl::Status Run(Context& context, Problem& p) {
 }
 
 }  // namespace
-}  // namespace vplce
+}  // namespace vocab_parallel
 
 absl::Status VocabParallelLinearCrossEntropyForward(
     Context& context, const VocabShard& shard,
     const LinearCrossEntropyInputs& inputs,
     const LinearCrossEntropyOptions& options, const Tensor& loss,
     const Tensor* lse) {
-  vplce::Problem problem;
+  vocab_parallel::Problem problem;
   problem.pass = lce::Pass::kForward;
   problem.shard = &shard;
   problem.inputs = &inputs;
   problem.options = &options;
   problem.loss = &loss;
   problem.lse = lse;
-  return vplce::Run(context, problem);
+  return vocab_parallel::Run(context, problem);
 }
 
 absl::Status VocabParallelLinearCrossEntropyForwardBackward(
@@ -1386,7 +1149,7 @@ absl::Status VocabParallelLinearCrossEntropyForwardBackward(
     const LinearCrossEntropyOptions& options, const Tensor& loss,
     const Tensor* lse, const LinearCrossEntropyGradients& gradients,
     const Tensor* grad_loss) {
-  vplce::Problem problem;
+  vocab_parallel::Problem problem;
   problem.pass = lce::Pass::kForwardBackward;
   problem.shard = &shard;
   problem.inputs = &inputs;
@@ -1395,7 +1158,7 @@ absl::Status VocabParallelLinearCrossEntropyForwardBackward(
   problem.lse = lse;
   problem.grad_loss = grad_loss;
   problem.gradients = &gradients;
-  return vplce::Run(context, problem);
+  return vocab_parallel::Run(context, problem);
 }
 
 absl::Status VocabParallelLinearCrossEntropyBackward(
@@ -1403,7 +1166,7 @@ absl::Status VocabParallelLinearCrossEntropyBackward(
     const LinearCrossEntropyInputs& inputs, const Tensor& lse,
     const Tensor& grad_loss, const LinearCrossEntropyOptions& options,
     const LinearCrossEntropyGradients& gradients) {
-  vplce::Problem problem;
+  vocab_parallel::Problem problem;
   problem.pass = lce::Pass::kBackward;
   problem.shard = &shard;
   problem.inputs = &inputs;
@@ -1411,7 +1174,7 @@ absl::Status VocabParallelLinearCrossEntropyBackward(
   problem.lse = &lse;
   problem.grad_loss = &grad_loss;
   problem.gradients = &gradients;
-  return vplce::Run(context, problem);
+  return vocab_parallel::Run(context, problem);
 }
 
 }  // namespace lossrt

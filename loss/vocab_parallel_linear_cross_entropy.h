@@ -63,18 +63,12 @@
 
 #include "absl/status/status.h"
 #include "loss/linear_cross_entropy.h"
+#include "loss/vocab_parallel_cross_entropy.h"  // VocabShard
 #include "runtime/communicator.h"
 #include "runtime/context.h"
 #include "runtime/tensor.h"
 
 namespace lossrt {
-
-// This rank's part of the vocabulary.
-struct VocabShard {
-  Communicator* communicator = nullptr;  // not owned
-  int64_t vocab_offset = 0;  // the first vocabulary row this rank holds
-  int64_t vocab = 0;         // V, the whole vocabulary
-};
 
 // Loss only, and the per-token lse (of the whole vocabulary) when given.
 absl::Status VocabParallelLinearCrossEntropyForward(

@@ -5,12 +5,13 @@
 // full weight (loss/linear_cross_entropy.h) on the same device.
 //
 // On the CPU every rank has a CPU context. On the GPU every rank has its own
-// CUDA context on cuda:0 and talks through HostStagedCommunicator below (the
-// CPU communicator takes host tensors only: the adapter copies the device
-// tensors to the host, calls it and copies the result back on the context's
-// stream), so P = 1..4 run on one GPU; built with LOSSRT_TEST_NCCL (the
-// _nccl_test target), P = 1 also runs over a real one-rank NCCL communicator.
-// GPU cases skip, saying why, without a GPU (or without NCCL).
+// CUDA context on cuda:0 and talks through HostStagedCommunicator
+// (tests/loss/host_staged_communicator.h: the CPU communicator takes host
+// tensors only, so the adapter copies the device tensors to the host, calls it
+// and copies the result back on the context's stream), so P = 1..4 run on one
+// GPU; built with LOSSRT_TEST_NCCL (the _nccl_test target), P = 1 also runs
+// over a real one-rank NCCL communicator. GPU cases skip, saying why, without a
+// GPU (or without NCCL).
 //
 // One parameterized case per device x scenario x operand dtype (f32, bf16,
 // f16) x world size (1, 2, 3, 4), with a random uneven split of the
@@ -62,6 +63,7 @@
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/loss/host_staged_communicator.h"
 #include "tests/status_assertions.h"
 
 #ifdef LOSSRT_TEST_NCCL
@@ -210,88 +212,6 @@ class Staging {
   Context& context_;
   std::vector<Buffer> buffers_;
   std::vector<std::pair<Tensor, Tensor>> outs_;  // device, host
-};
-
-// A Communicator for CUDA contexts over a host one (the CPU communicator):
-// each collective waits for the context's stream, copies its input to the
-// host, runs the host collective and copies the result back. Test-only: it
-// syncs on every call.
-class HostStagedCommunicator : public Communicator {
- public:
-  static absl::StatusOr<std::unique_ptr<HostStagedCommunicator>> Create(
-      std::unique_ptr<Communicator> host) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Context> cpu,
-                     Context::Create(Device::Cpu()));
-    return std::unique_ptr<HostStagedCommunicator>(
-        new HostStagedCommunicator(std::move(host), std::move(cpu)));
-  }
-  int rank() const override { return host_->rank(); }
-  int world_size() const override { return host_->world_size(); }
-  absl::Status AllReduce(const Tensor& in, const Tensor& out, ReduceOp op,
-                         Context& context) override {
-    return Staged(in, out, context,
-                  [&](const Tensor& i, const Tensor& o, Context& c) {
-                    return host_->AllReduce(i, o, op, c);
-                  });
-  }
-  absl::Status ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op,
-                             Context& context) override {
-    return Staged(in, out, context,
-                  [&](const Tensor& i, const Tensor& o, Context& c) {
-                    return host_->ReduceScatter(i, o, op, c);
-                  });
-  }
-  absl::Status AllGather(const Tensor& in, const Tensor& out,
-                         Context& context) override {
-    return Staged(in, out, context,
-                  [&](const Tensor& i, const Tensor& o, Context& c) {
-                    return host_->AllGather(i, o, c);
-                  });
-  }
-  absl::Status Broadcast(const Tensor& in, const Tensor& out, int root,
-                         Context& context) override {
-    return Staged(in, out, context,
-                  [&](const Tensor& i, const Tensor& o, Context& c) {
-                    return host_->Broadcast(i, o, root, c);
-                  });
-  }
-  absl::Status Abort(absl::string_view reason) override {
-    return host_->Abort(reason);
-  }
-
- private:
-  HostStagedCommunicator(std::unique_ptr<Communicator> host,
-                         std::unique_ptr<Context> cpu)
-      : host_(std::move(host)), cpu_(std::move(cpu)) {}
-
-  using HostCall =
-      std::function<absl::Status(const Tensor&, const Tensor&, Context&)>;
-  absl::Status Staged(const Tensor& in, const Tensor& out, Context& context,
-                      const HostCall& call) {
-    std::vector<uint8_t> in_bytes(std::max<int64_t>(in.span_bytes(), 1));
-    std::vector<uint8_t> out_bytes(std::max<int64_t>(out.span_bytes(), 1));
-    Tensor host_in = in;
-    host_in.data = in_bytes.data();
-    host_in.device = Device::Cpu();
-    Tensor host_out = out;
-    host_out.data = out_bytes.data();
-    host_out.device = Device::Cpu();
-    // A failed copy still meets the other ranks, with an error of its own.
-    absl::Status copied =
-        in.numel() > 0 ? CopyTensor(in, host_in, context) : absl::OkStatus();
-    if (!copied.ok()) {
-      absl::Status aborted = host_->Abort(copied.message());
-      (void)aborted;
-      return copied;
-    }
-    RETURN_IF_ERROR(call(host_in, host_out, *cpu_));
-    if (out.numel() > 0) RETURN_IF_ERROR(CopyTensor(host_out, out, context));
-    // The host bytes go away on return.
-    return context.Synchronize();
-  }
-
-  std::unique_ptr<Communicator> host_;
-  std::unique_ptr<Context> cpu_;
 };
 
 // ---------------------------------------------------------------------------
