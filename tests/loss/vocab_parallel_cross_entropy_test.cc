@@ -683,7 +683,7 @@ TEST_P(VocabParallelCrossEntropyTest, MatchesSingleDevice) {
   const Case& c = GetParam();
   if (!c.device.is_cpu()) SKIP_WITHOUT_GPU();
   const Scenario& s = c.scenario;
-  const uint64_t seed = std::random_device()();
+  const uint64_t seed = test::TestSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   Data d = MakeData(s, c.dtype, rng);
@@ -806,7 +806,7 @@ TEST_P(VocabParallelCrossEntropyBadInput, EveryRankRejectsNothingWritten) {
   if (!device.is_cpu()) SKIP_WITHOUT_GPU();
   Scenario s;
   s.class_weights = true;
-  const uint64_t seed = std::random_device()();
+  const uint64_t seed = test::TestSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> cuts = {0, 40, 101, 150, s.v};
@@ -849,7 +849,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelCrossEntropyBadInput,
 
 TEST(VocabParallelCrossEntropyNullCommunicator, Rejected) {
   Scenario s;
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(test::TestSeed());
   Data d = MakeData(s, DType::kF32, rng);
   Outputs o = MakeOutputs(s, DType::kF32, 1);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
