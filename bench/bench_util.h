@@ -1,6 +1,7 @@
 // Shared benchmark helpers: median GPU time of a callable with CUDA events
-// after warm-up, the device-to-device copy ceiling measured in the same run,
-// and a tiny JSON-lines writer. Built only with the CUDA toolkit.
+// after warm-up, and the ceilings measured in the same run: the
+// device-to-device copy rate and the dense bf16 cuBLASLt GEMM rate. Built only
+// with the CUDA toolkit.
 #ifndef LOSSRT_BENCH_BENCH_UTIL_H_
 #define LOSSRT_BENCH_BENCH_UTIL_H_
 
@@ -15,6 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/context.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
 #include "runtime/status.h"
 
@@ -64,6 +67,29 @@ inline absl::StatusOr<double> CopyBandwidth(Context& context, int64_t bytes) {
         return absl::OkStatus();
       }));
   return 2.0 * bytes / (ms * 1e-3);
+}
+
+// bf16 GEMM throughput (TFLOP/s) of an n^3 cuBLASLt GEMM (bf16 in and out,
+// f32 accumulation, through the context's GEMM runner): the ceiling a
+// workload's GEMMs, or any tensor-core kernel, can reach on this GPU today.
+inline absl::StatusOr<double> GemmTflops(Context& context, int64_t n) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
+  ASSIGN_OR_RETURN(Buffer a, context.allocator().Allocate(n * n * 2));
+  ASSIGN_OR_RETURN(Buffer b, context.allocator().Allocate(n * n * 2));
+  ASSIGN_OR_RETURN(Buffer d, context.allocator().Allocate(n * n * 2));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data(), 0, n * n * 2, stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, n * n * 2, stream));
+  GemmCall call;
+  call.a = {a.data(), CUDA_R_16BF, n, n, n, CUBLAS_OP_T};
+  call.b = {b.data(), CUDA_R_16BF, n, n, n, CUBLAS_OP_N};
+  call.d = d.data();
+  call.d_type = CUDA_R_16BF;
+  call.m = call.n = call.ld_d = n;
+  ASSIGN_OR_RETURN(double ms, MedianMs(stream, 3, 10, [&](int) {
+                     return gemm->Run(call, stream);
+                   }));
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
 }
 
 }  // namespace bench

@@ -51,7 +51,6 @@
 #include "runtime/communicator.h"
 #include "runtime/context.h"
 #include "runtime/cuda_context.h"
-#include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
 #include "runtime/nccl_communicator.h"
 #endif  // LOSSRT_WITH_CUDA
@@ -138,28 +137,6 @@ TrainStepOptions OptionsFromFlags() {
 using graph::Gpt;
 using graph::GptConfig;
 using graph::Trainer;
-
-// bf16 GEMM throughput (TFLOP/s) of an n^3 cuBLASLt GEMM: the ceiling a
-// training step's GEMMs can reach on this GPU today.
-absl::StatusOr<double> GemmTflops(Context& context, int64_t n) {
-  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  ASSIGN_OR_RETURN(GemmRunner * gemm, ContextGemmRunner(context));
-  ASSIGN_OR_RETURN(Buffer a, context.allocator().Allocate(n * n * 2));
-  ASSIGN_OR_RETURN(Buffer b, context.allocator().Allocate(n * n * 2));
-  ASSIGN_OR_RETURN(Buffer d, context.allocator().Allocate(n * n * 2));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data(), 0, n * n * 2, stream));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, n * n * 2, stream));
-  GemmCall call;
-  call.a = {a.data(), CUDA_R_16BF, n, n, n, CUBLAS_OP_T};
-  call.b = {b.data(), CUDA_R_16BF, n, n, n, CUBLAS_OP_N};
-  call.d = d.data();
-  call.d_type = CUDA_R_16BF;
-  call.m = call.n = call.ld_d = n;
-  ASSIGN_OR_RETURN(double ms, bench::MedianMs(stream, 3, 10, [&](int) {
-                     return gemm->Run(call, stream);
-                   }));
-  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
-}
 
 // Per node type: milliseconds of forward and backward in one step, timed
 // with events around every node (which serializes nothing: events only).
@@ -441,7 +418,7 @@ absl::Status Run(const TrainStepOptions& o) {
                      Context::Create(Device::Cuda(0)));
     ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(context->device()));
     if (absl::GetFlag(FLAGS_gemm_rate)) {
-      ASSIGN_OR_RETURN(gemm_tflops, GemmTflops(*context, 8192));
+      ASSIGN_OR_RETURN(gemm_tflops, bench::GemmTflops(*context, 8192));
     }
     std::printf("device: %s; bf16 GEMM 8192^3: %s\n", info.name.c_str(),
                 gemm_tflops > 0
