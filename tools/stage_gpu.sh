@@ -37,7 +37,7 @@ readonly BUILD_FLAGS=(-c opt "$@")
 # libnccl (only binaries that use //runtime:nccl_communicator, e.g. runtime_nccl_communicator_test):
 # the GPU machine's PyTorch ships libnccl.so.2, and the test needs LD_LIBRARY_PATH pointing at
 # it there: the lib/ folder of
-#   python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
+#   python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
 readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|libnccl\.so|ld-linux[-a-z0-9_]*\.so)'
 
 say() { echo "stage_gpu: $*" >&2; }

@@ -10,7 +10,7 @@
 // tools/stage_gpu.sh needs on LD_LIBRARY_PATH:
 //
 // clang-format off
-//   NCCL_DIR="$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))")"
+//   NCCL_DIR="$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")"
 //   LD_LIBRARY_PATH="${NCCL_DIR}/lib:${LD_LIBRARY_PATH}" gpu_stage/runtime_nccl_communicator_test
 // clang-format on
 #include "runtime/nccl_communicator.h"
