@@ -25,6 +25,9 @@
 // over NCCL; --gpus=N is --ranks=N on CUDA), each on --batch / N rows of every
 // global batch, with the gradients summed over the ranks; rank 0 alone prints,
 // validates, samples, writes the metrics and the checkpoints.
+// --force_communicator runs one rank through that same path (a 1-rank NCCL
+// group on CUDA, a 1-rank in-process group on the CPU) instead of the plain
+// one, so that the data-parallel trainer code runs on one device.
 //
 // Several processes (one host or several): --rank=R --world_size=W
 // --coordinator=HOST:PORT (or RANK, WORLD_SIZE and LOSSRT_COORDINATOR or
@@ -130,6 +133,15 @@ ABSL_FLAG(int32_t, gpus, 0,
           "One process driving N GPUs: --gpus=N is --ranks=N on CUDA (--device "
           "auto with a GPU, cuda or cuda:K; GPUs K to K + N - 1), 1 to 1024 "
           "(0: see --ranks).");
+ABSL_FLAG(bool, force_communicator, false,
+          "One rank (--ranks=1 or --gpus=1) over a communicator anyway: the "
+          "start-up of --ranks=N / --gpus=N with N = 1 (CUDA: a 1-rank NCCL "
+          "group; the CPU: a 1-rank in-process group), so that the "
+          "data-parallel code paths (bucketed all-reduce, --zero1's sharded "
+          "AdamW) run on one device and can be checked against the plain "
+          "run, whose losses they must give. Invalid with more than one rank "
+          "(--ranks, --gpus or --world_size above 1), which always has a "
+          "communicator.");
 ABSL_FLAG(int32_t, rank, -1,
           "This process's rank of --world_size, 0 to --world_size - 1 (-1: "
           "the RANK environment variable, else 0).");
@@ -662,6 +674,15 @@ absl::Status Run() {
   const char* ranks_flag = by_processes ? "world_size"
                            : by_gpus    ? "gpus"
                                         : "ranks";
+  const bool force_communicator = absl::GetFlag(FLAGS_force_communicator);
+  if (force_communicator && ranks > 1) {
+    return BadFlag("force_communicator", "true",
+                   absl::StrCat("false with --", ranks_flag, " = ", ranks,
+                                " (more than one rank always has a "
+                                "communicator)"));
+  }
+  // Over a communicator: several ranks, or one with --force_communicator.
+  const bool data_parallel = ranks > 1 || force_communicator;
   if (by_gpus && !device.is_cuda()) {
     return BadFlag("gpus", absl::StrCat(ranks),
                    absl::StrCat("0 on --device=", absl::GetFlag(FLAGS_device),
@@ -818,12 +839,15 @@ absl::Status Run() {
           device.is_cuda() && absl::GetFlag(FLAGS_layers) == 0
               ? " (the GPU default: larger than the CPU's)"
               : "",
-          ranks > 1
-              ? absl::StrFormat(" x %d data-parallel ranks (%s%s)", ranks,
-                                device.is_cuda() ? "NCCL"
-                                : by_processes   ? "CPU processes over TCP"
-                                                 : "CPU threads",
-                                absl::GetFlag(FLAGS_zero1) ? ", ZeRO-1" : "")
+          data_parallel
+              ? absl::StrFormat(
+                    " x %d data-parallel rank%s (%s%s%s)", ranks,
+                    ranks > 1 ? "s" : "",
+                    device.is_cuda() ? "NCCL"
+                    : by_processes   ? "CPU processes over TCP"
+                                     : "CPU threads",
+                    force_communicator ? ", 1-rank communicator forced" : "",
+                    absl::GetFlag(FLAGS_zero1) ? ", ZeRO-1" : "")
                     .c_str()
               : "");
     }
@@ -1151,7 +1175,7 @@ absl::Status Run() {
             : absl::StrFormat(" (%d-%d of %d)", first_step, last_step, steps),
         tokens_run, HumanSeconds(total_s), HumanSeconds(train_s),
         tokens_per_s / 1e3,
-        ranks > 1
+        data_parallel
             ? absl::StrFormat(
                   ", %.1fK per rank of %d%s", tokens_per_s / ranks / 1e3, ranks,
                   absl::GetFlag(FLAGS_single_device_tokens_per_s) > 0
@@ -1174,7 +1198,7 @@ absl::Status Run() {
     return absl::OkStatus();
   };
 
-  if (ranks == 1) {
+  if (!data_parallel) {
     ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
     return train_rank(0, *context, nullptr);
   }
@@ -1215,6 +1239,7 @@ absl::Status Run() {
     return status;
   }
   // ---- Data-parallel ranks: one thread each ----
+  // (Also the one rank of --force_communicator: a group of one.)
   // CPU: one in-process group. The timeout only bounds a rank waiting for
   // the others while rank 0 validates, samples or saves: a rank that fails
   // aborts the group, so that the others fail at once instead.

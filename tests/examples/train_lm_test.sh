@@ -9,7 +9,8 @@
 # losses of an uninterrupted run; only the newest --keep_checkpoints checkpoints may stay,
 # with the temporary folders of interrupted saves gone and nothing else touched; every bad
 # flag value must fail with an error naming the flag; --ranks=2 and 3 (CPU threads) must
-# give one rank's losses and resume exactly; without --data, a data/fortunes
+# give one rank's losses and resume exactly, and so must --ranks=1 --force_communicator (with and
+# without --zero1: the data-parallel trainer over a 1-rank group); without --data, a data/fortunes
 # folder above the binary is the corpus, and with none there nor Debian's, a clear error.
 set -euo pipefail
 
@@ -200,6 +201,30 @@ for path, rows in zip(sys.argv[2:], runs[1:]):
             assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 0.01, (path, a, b)
 print("--ranks=2 and 3 match --ranks=1 at steps", [r["step"] for r in one])
 PY
+# --force_communicator: one rank through the data-parallel path (a 1-rank in-process group,
+# its all-reduces in buckets; --zero1 with 1-element buckets: the sharded AdamW too) logs
+# exactly the plain --ranks=1 losses, and the model line says a communicator is used.
+FORCED=("--force_communicator" "--force_communicator --zero1 --bucket_mib=0.000004")
+for i in 0 1; do
+  read -ra flags <<<"${FORCED[i]}"
+  "${TRAIN_LM}" "${DP[@]}" --ranks=1 "${flags[@]}" --metrics="${WORK}/forced${i}.jsonl" \
+    > "${WORK}/forced${i}.log" 2>&1 || { cat "${WORK}/forced${i}.log"; fail "${FORCED[i]} failed"; }
+  grep -q "x 1 data-parallel rank (CPU threads, 1-rank communicator forced" "${WORK}/forced${i}.log" ||
+    { cat "${WORK}/forced${i}.log"; fail "${FORCED[i]}: the model line names no communicator"; }
+done
+grep -q "communicator forced, ZeRO-1)" "${WORK}/forced1.log" || fail "--zero1: the model line omits ZeRO-1"
+! grep -q "data-parallel rank" "${WORK}/dp1.log" || fail "plain --ranks=1 claims a communicator"
+python3 - "${WORK}/dp1.jsonl" "${WORK}/forced0.jsonl" "${WORK}/forced1.jsonl" <<'PY' ||
+import json, sys
+one, *forced = [[json.loads(l) for l in open(path)] for path in sys.argv[1:]]
+for path, rows in zip(sys.argv[2:], forced):
+    assert [r["step"] for r in rows] == [r["step"] for r in one], (path, rows)
+    for a, b in zip(one, rows):
+        for key in ("loss", "val_loss", "val_accuracy"):  # the same bits, as written
+            assert a[key] == b[key], (path, key, a, b)
+print("--ranks=1 --force_communicator (and --zero1) equals --ranks=1")
+PY
+  fail "--force_communicator differs from --ranks=1"
 DPCKPT=${WORK}/dp_ckpt
 "${TRAIN_LM}" "${DP[@]}" --ranks=2 --stop_at_step=3 --checkpoint_dir="${DPCKPT}" \
   --metrics="${WORK}/dp_resumed.jsonl" > "${WORK}/dp_first.log" 2>&1 ||
@@ -312,6 +337,8 @@ BAD_FLAGS=(
   "--gpus=-1|--gpus=-1 is invalid: want 0 (use --ranks) or an integer in [1, 1024]"
   "--gpus=2|--gpus=2 is invalid: want 0 with --device=cpu (use --ranks)"
   "--gpus=2 --ranks=4|--gpus=2 is invalid: want 0 or --ranks = 4"
+  "--ranks=2 --force_communicator|--force_communicator=true is invalid: want false with --ranks = 2 (more than one rank always has a communicator)"
+  "--world_size=2 --coordinator=127.0.0.1:1 --force_communicator|--force_communicator=true is invalid: want false with --world_size = 2"
 )
 for case in "${BAD_FLAGS[@]}"; do
   flag=${case%%|*}
