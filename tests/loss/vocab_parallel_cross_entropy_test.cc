@@ -30,15 +30,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <random>
 #include <string>
-#include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,158 +46,27 @@
 #include "loss/cross_entropy.h"
 #include "runtime/communicator.h"
 #include "runtime/context.h"
-#include "runtime/cpu_communicator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
-#include "tests/loss/host_staged_communicator.h"
+#include "tests/loss/vocab_parallel_test_util.h"
 #include "tests/status_assertions.h"
 
 namespace lossrt {
 namespace {
 
-constexpr int64_t kIgnore = -100;
-
-// A host array [rows, cols] of f32, bf16 or f16 with a row stride, or of i32
-// and i64 (targets), or f32 vectors and scalars.
-struct Array {
-  DType dtype = DType::kF32;
-  int64_t rows = 1;
-  int64_t cols = 1;
-  int64_t ld = 1;
-  std::vector<int64_t> shape;  // the view's shape
-  std::vector<uint8_t> bytes;
-
-  double Get(int64_t i, int64_t j) const {
-    const int64_t k = i * ld + j;
-    uint16_t bits;
-    switch (dtype) {
-      case DType::kBF16:
-        std::memcpy(&bits, bytes.data() + 2 * k, 2);
-        return Bf16BitsToFloat(bits);
-      case DType::kF16:
-        std::memcpy(&bits, bytes.data() + 2 * k, 2);
-        return F16BitsToFloat(bits);
-      default: {
-        float value;
-        std::memcpy(&value, bytes.data() + 4 * k, 4);
-        return value;
-      }
-    }
-  }
-  void Set(int64_t i, int64_t j, double value) {
-    const int64_t k = i * ld + j;
-    const float f = static_cast<float>(value);
-    uint16_t bits;
-    switch (dtype) {
-      case DType::kBF16:
-        bits = FloatToBf16Bits(f);
-        std::memcpy(bytes.data() + 2 * k, &bits, 2);
-        break;
-      case DType::kF16:
-        bits = FloatToF16Bits(f);
-        std::memcpy(bytes.data() + 2 * k, &bits, 2);
-        break;
-      default:
-        std::memcpy(bytes.data() + 4 * k, &f, 4);
-    }
-  }
-  void Poison() { std::fill(bytes.begin(), bytes.end(), uint8_t{0xFF}); }
-  bool Poisoned() const {
-    return std::all_of(bytes.begin(), bytes.end(),
-                       [](uint8_t b) { return b == 0xFF; });
-  }
-  Tensor View() {
-    return Tensor::Of(bytes.data(), dtype, shape, Device::Cpu(),
-                      shape.size() == 2 ? ld : 0);
-  }
-  // Columns [begin, begin + count) of a matrix, or elements of a vector.
-  Tensor Columns(int64_t begin, int64_t count) {
-    char* data =
-        reinterpret_cast<char*>(bytes.data()) + begin * DTypeSize(dtype);
-    if (shape.size() == 1)
-      return Tensor::Of(data, dtype, {count}, Device::Cpu());
-    return Tensor::Of(data, dtype, {rows, count}, Device::Cpu(), ld);
-  }
-};
-
-Array MakeMatrix(DType dtype, int64_t rows, int64_t cols, int64_t pad) {
-  Array a;
-  a.dtype = dtype;
-  a.rows = rows;
-  a.cols = cols;
-  a.ld = cols + pad;
-  a.shape = {rows, cols};
-  a.bytes.assign(std::max<int64_t>(rows * a.ld, 1) * DTypeSize(dtype), 0);
-  a.Poison();
-  return a;
-}
-
-Array MakeVector(DType dtype, int64_t n) {
-  Array a = MakeMatrix(dtype, 1, n, 0);
-  a.shape = {n};
-  return a;
-}
-
-Array MakeScalar() {
-  Array a = MakeMatrix(DType::kF32, 1, 1, 0);
-  a.shape = {};
-  return a;
-}
-
-// Device copies of host views for a context on a GPU; the views themselves on
-// the CPU. Out() copies come back by Download().
-class Staging {
- public:
-  explicit Staging(Context& context) : context_(context) {}
-
-  absl::StatusOr<Tensor> In(const Tensor& host) {
-    if (context_.device().is_cpu()) return host;
-    ASSIGN_OR_RETURN(Buffer buffer,
-                     context_.allocator().Allocate(
-                         std::max<int64_t>(host.span_bytes(), 256)));
-    Tensor device = host;
-    device.data = buffer.data();
-    device.device = context_.device();
-    buffers_.push_back(std::move(buffer));
-    if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(host, device, context_));
-    return device;
-  }
-  absl::StatusOr<Tensor> Out(const Tensor& host) {
-    ASSIGN_OR_RETURN(Tensor device, In(host));
-    if (!context_.device().is_cpu()) outs_.push_back({device, host});
-    return device;
-  }
-  absl::Status Download() {
-    for (const auto& [device, host] : outs_) {
-      if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(device, host, context_));
-    }
-    return context_.Synchronize();
-  }
-
- private:
-  Context& context_;
-  std::vector<Buffer> buffers_;
-  std::vector<std::pair<Tensor, Tensor>> outs_;  // device, host
-};
+using test::Array;
+using test::MakeArray;
+using test::MakeVector;
+using test::SameBytes;
 
 // ---------------------------------------------------------------------------
 // Scenarios.
 
-struct Scenario {
-  std::string name;
-  int64_t n = 37;
-  int64_t v = 203;
-  Reduction reduction = Reduction::kMean;
-  double ignore_fraction = 0.0;
-  float smoothing = 0.0f;
-  float z_loss = 0.0f;
-  float softcap = 0.0f;
-  float entropy_weight = 0.0f;
-  bool class_weights = false;
-  bool targets_i32 = false;
-  int64_t pad = 0;
+// The shared fields (n = 37, V = 203, ...:
+// tests/loss/vocab_parallel_test_util.h) and the logits' scale.
+struct Scenario : test::LossScenario {
   double logit_scale = 2.0;
 };
 
@@ -282,64 +148,23 @@ std::vector<Scenario> Scenarios() {
   return all;
 }
 
-// The full problem on the host.
-struct Data {
-  Array logits;                        // [N, V] (row stride V + pad)
-  Array targets;                       // [N] i64 or i32
-  std::optional<Array> class_weights;  // [V] f32
-  Array grad_loss;                     // [] or [N]
+// The full problem on the host: the logits, and the targets, class weights
+// and grad_loss of test::LossInputs.
+struct Data : test::LossInputs {
+  Array logits;  // [N, V] (row stride V + pad)
 };
 
 Data MakeData(const Scenario& s, DType dtype, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::normal_distribution<double> normal(0.0, 1.0);
   Data d;
-  d.logits = MakeMatrix(dtype, s.n, s.v, s.pad);
+  d.logits = MakeArray(dtype, s.n, s.v, s.pad);
   for (int64_t i = 0; i < s.n; ++i)
     for (int64_t j = 0; j < s.v; ++j)
       d.logits.Set(i, j, s.logit_scale * normal(rng));
-  const DType target_type = s.targets_i32 ? DType::kI32 : DType::kI64;
-  d.targets.dtype = target_type;
-  d.targets.rows = 1;
-  d.targets.cols = s.n;
-  d.targets.shape = {s.n};
-  d.targets.bytes.assign(s.n * DTypeSize(target_type), 0);
-  std::uniform_int_distribution<int64_t> target(0, s.v - 1);
-  for (int64_t i = 0; i < s.n; ++i) {
-    const int64_t t = uniform(rng) < s.ignore_fraction ? kIgnore : target(rng);
-    if (s.targets_i32) {
-      const int32_t t32 = static_cast<int32_t>(t);
-      std::memcpy(d.targets.bytes.data() + 4 * i, &t32, 4);
-    } else {
-      std::memcpy(d.targets.bytes.data() + 8 * i, &t, 8);
-    }
-  }
-  if (s.class_weights) {
-    d.class_weights = MakeVector(DType::kF32, s.v);
-    for (int64_t j = 0; j < s.v; ++j)
-      d.class_weights->Set(0, j, 0.5 + 1.5 * uniform(rng));
-  }
-  if (s.reduction == Reduction::kNone) {
-    d.grad_loss = MakeVector(DType::kF32, s.n);
-    for (int64_t i = 0; i < s.n; ++i) d.grad_loss.Set(0, i, normal(rng));
-  } else {
-    d.grad_loss = MakeScalar();
-    d.grad_loss.Set(0, 0, 0.5 + uniform(rng));
-  }
+  // The targets, class weights and grad_loss, from the same `normal`.
+  static_cast<test::LossInputs&>(d) = test::MakeLossInputs(s, normal, rng);
   return d;
-}
-
-// A random split of [0, V) into `world` contiguous slices of >= 1 column.
-std::vector<int64_t> RandomCuts(int64_t v, int world, std::mt19937_64& rng) {
-  std::vector<int64_t> candidates;
-  for (int64_t j = 1; j < v; ++j) candidates.push_back(j);
-  std::shuffle(candidates.begin(), candidates.end(), rng);
-  std::vector<int64_t> cuts(candidates.begin(),
-                            candidates.begin() + (world - 1));
-  cuts.push_back(0);
-  std::sort(cuts.begin(), cuts.end());
-  cuts.push_back(v);
-  return cuts;  // [world + 1]: rank r holds [cuts[r], cuts[r + 1])
 }
 
 // The outputs: loss and lse per rank (one for the single device), the whole
@@ -355,24 +180,11 @@ Outputs MakeOutputs(const Scenario& s, DType dtype, int ranks) {
   for (int r = 0; r < ranks; ++r) {
     o.loss.push_back(s.reduction == Reduction::kNone
                          ? MakeVector(DType::kF32, s.n)
-                         : MakeScalar());
+                         : test::MakeScalar());
     o.lse.push_back(MakeVector(DType::kF32, s.n));
   }
-  o.grad = MakeMatrix(dtype, s.n, s.v, s.pad);
+  o.grad = MakeArray(dtype, s.n, s.v, s.pad);
   return o;
-}
-
-CrossEntropyOptions Options(const Scenario& s,
-                            std::optional<Tensor> class_weights) {
-  CrossEntropyOptions options;
-  options.ignore_index = kIgnore;
-  options.reduction = s.reduction;
-  options.label_smoothing = s.smoothing;
-  options.z_loss = s.z_loss;
-  options.softcap = s.softcap;
-  options.entropy_weight = s.entropy_weight;
-  options.class_weights = class_weights;
-  return options;
 }
 
 enum class Call { kFused, kFusedGradLoss, kFusedInPlace, kForward, kBackward };
@@ -397,14 +209,14 @@ const char* CallName(Call call) {
 absl::Status RunSingle(const Device& device, const Scenario& s, Data& d,
                        Outputs& o, Call call, Array* saved_lse) {
   ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
-  Staging stage(*context);
+  test::Staging stage(*context);
   ASSIGN_OR_RETURN(const Tensor logits, stage.In(d.logits.View()));
   ASSIGN_OR_RETURN(const Tensor targets, stage.In(d.targets.View()));
   std::optional<Tensor> cw;
   if (d.class_weights.has_value()) {
     ASSIGN_OR_RETURN(cw, stage.In(d.class_weights->View()));
   }
-  const CrossEntropyOptions options = Options(s, cw);
+  const CrossEntropyOptions options = test::LossOptions(s, cw);
   ASSIGN_OR_RETURN(const Tensor loss, stage.Out(o.loss[0].View()));
   ASSIGN_OR_RETURN(const Tensor lse, stage.Out(o.lse[0].View()));
   ASSIGN_OR_RETURN(const Tensor grad, stage.Out(o.grad.View()));
@@ -462,11 +274,11 @@ absl::Status RunRank(Context& context, Communicator* comm, int r,
   host.targets = d.targets.View();
   std::optional<Tensor> cw;
   if (d.class_weights.has_value()) cw = d.class_weights->Columns(begin, count);
-  host.options = Options(s, cw);
+  host.options = test::LossOptions(s, cw);
   host.grad = o.grad.Columns(begin, count);
   if (tamper) tamper(r, host);
 
-  Staging stage(context);
+  test::Staging stage(context);
   RankArgs in = host;
   if (call == Call::kFusedInPlace) {
     ASSIGN_OR_RETURN(in.logits, stage.Out(host.logits));
@@ -521,41 +333,14 @@ std::vector<absl::Status> RunParallel(const Device& device, const Scenario& s,
                                       Call call, Array* saved_lse,
                                       const Tamper& tamper = nullptr) {
   const int world = static_cast<int>(cuts.size()) - 1;
-  std::vector<absl::Status> results(world);
-  auto group = CpuCommunicatorGroup::Create(world, absl::Seconds(20));
-  if (!group.ok()) {
-    results.assign(world, group.status());
-    return results;
-  }
-  std::vector<std::unique_ptr<Communicator>> comms = std::move(*group);
-  if (!device.is_cpu()) {
-    for (std::unique_ptr<Communicator>& comm : comms) {
-      auto staged = HostStagedCommunicator::Create(std::move(comm));
-      if (!staged.ok()) {
-        results.assign(world, staged.status());
-        return results;
-      }
-      comm = std::move(*staged);
-    }
-  }
+  auto comms = test::InProcessCommunicators(device, world);
+  if (!comms.ok()) return std::vector<absl::Status>(world, comms.status());
   if (call == Call::kFusedInPlace) o.grad = d.logits;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto context = Context::Create(device);
-      if (!context.ok()) {
-        results[r] = context.status();
-        // Still release the others: a rank without a context would hang them.
-        absl::Status aborted = comms[r]->Abort("no context");
-        (void)aborted;
-        return;
-      }
-      results[r] = RunRank(**context, comms[r].get(), r, s, d, o, cuts, call,
-                           saved_lse, tamper);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return results;
+  return test::RunOnRanks(device, world, *comms,
+                          [&](Context& context, Communicator* comm, int r) {
+                            return RunRank(context, comm, r, s, d, o, cuts,
+                                           call, saved_lse, tamper);
+                          });
 }
 
 // ---------------------------------------------------------------------------
@@ -576,8 +361,7 @@ double Ulp16(DType dtype, double value) {
 // of `floor` (the lse's scale, scaled as the loss is).
 void ExpectLossClose(const Array& got, const Array& want, bool sixteen,
                      double floor, const std::string& what) {
-  const int64_t count = want.shape.empty() ? 1 : want.shape[0];
-  for (int64_t j = 0; j < count; ++j) {
+  for (int64_t j = 0; j < want.cols; ++j) {
     const double w = want.Get(0, j), g = got.Get(0, j);
     ASSERT_FALSE(std::isnan(g)) << what << "[" << j << "] unwritten";
     EXPECT_NEAR(g, w, (sixteen ? 1e-5 : 1e-6) * std::abs(w) + 2.4e-7 * floor)
@@ -611,8 +395,6 @@ void ExpectGradClose(const Array& got, const Array& want,
     EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5) << what << ": norm-wise";
   }
 }
-
-bool SameBytes(const Array& a, const Array& b) { return a.bytes == b.bytes; }
 
 // The lse's scale for the loss floor: max |lse| + 1, over the tokens' count
 // for a mean.
@@ -687,7 +469,7 @@ TEST_P(VocabParallelCrossEntropyTest, MatchesSingleDevice) {
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   Data d = MakeData(s, c.dtype, rng);
-  const std::vector<int64_t> cuts = RandomCuts(s.v, c.world, rng);
+  const std::vector<int64_t> cuts = test::RandomCuts(s.v, c.world, rng);
   SCOPED_TRACE(absl::StrCat("split ", absl::StrJoin(cuts, ",")));
 
   for (Call call : {Call::kFused, Call::kFusedGradLoss, Call::kFusedInPlace}) {
@@ -783,18 +565,10 @@ std::vector<BadCase> BadCases() {
                      if (rank == 3) a.options.label_smoothing = 0.1f;
                    }});
   cases.push_back({"targets_differ", false, [](int rank, RankArgs& a) {
-                     if (rank == 1) {
-                       thread_local std::vector<int64_t> copy;
-                       const int64_t* t = a.targets.data_as<int64_t>();
-                       copy.assign(t, t + a.targets.dim(0));
-                       copy[0] = copy[0] == 0 ? 1 : 0;
-                       a.targets.data = copy.data();
-                     }
+                     if (rank == 1) test::ChangeFirstTarget(a.targets);
                    }});
-  cases.push_back({"target_out_of_range", false, nullptr, [](Data& d) {
-                     const int64_t bad = 1000;
-                     std::memcpy(d.targets.bytes.data() + 8 * 3, &bad, 8);
-                   }});
+  cases.push_back({"target_out_of_range", false, nullptr,
+                   [](Data& d) { test::SetI64Target(d.targets, 3, 1000); }});
   return cases;
 }
 
@@ -842,10 +616,7 @@ TEST_P(VocabParallelCrossEntropyBadInput, EveryRankRejectsNothingWritten) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelCrossEntropyBadInput,
                          testing::Values(Device::Cpu(), Device::Cuda(0)),
-                         [](const testing::TestParamInfo<Device>& info) {
-                           return std::string(info.param.is_cpu() ? "cpu"
-                                                                  : "cuda");
-                         });
+                         test::DeviceName);
 
 TEST(VocabParallelCrossEntropyNullCommunicator, Rejected) {
   Scenario s;

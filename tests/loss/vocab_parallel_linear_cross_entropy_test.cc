@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -47,7 +46,7 @@
 #include <ostream>
 #include <random>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,12 +57,11 @@
 #include "loss/linear_cross_entropy.h"
 #include "runtime/communicator.h"
 #include "runtime/context.h"
-#include "runtime/cpu_communicator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 #include "tests/gpu_test_util.h"
-#include "tests/loss/host_staged_communicator.h"
+#include "tests/loss/vocab_parallel_test_util.h"
 #include "tests/status_assertions.h"
 
 #ifdef LOSSRT_TEST_NCCL
@@ -73,170 +71,24 @@
 namespace lossrt {
 namespace {
 
-constexpr int64_t kIgnore = -100;
-
-// ---------------------------------------------------------------------------
-// Host arrays of any float dtype, [rows, cols] with a row stride.
-
-struct Array {
-  DType dtype = DType::kF32;
-  int64_t rows = 1;
-  int64_t cols = 1;
-  int64_t stride = 0;  // elements between rows; 0 = cols
-  bool matrix = true;  // else a vector [cols] (rows = 1) or a scalar
-  bool scalar = false;
-  std::vector<uint8_t> bytes;
-
-  int64_t ld() const { return stride != 0 ? stride : cols; }
-  int64_t span() const { return rows == 0 ? 0 : (rows - 1) * ld() + cols; }
-  int64_t Index(int64_t i, int64_t j) const { return i * ld() + j; }
-  void* at(int64_t i) { return bytes.data() + Index(i, 0) * DTypeSize(dtype); }
-  double Get(int64_t i, int64_t j) const {
-    const int64_t k = Index(i, j);
-    switch (dtype) {
-      case DType::kBF16: {
-        uint16_t bits;
-        std::memcpy(&bits, bytes.data() + 2 * k, 2);
-        return Bf16BitsToFloat(bits);
-      }
-      case DType::kF16: {
-        uint16_t bits;
-        std::memcpy(&bits, bytes.data() + 2 * k, 2);
-        return F16BitsToFloat(bits);
-      }
-      default: {
-        float value;
-        std::memcpy(&value, bytes.data() + 4 * k, 4);
-        return value;
-      }
-    }
-  }
-  void Set(int64_t i, int64_t j, double value) {
-    const int64_t k = Index(i, j);
-    const float f = static_cast<float>(value);
-    uint16_t bits;
-    switch (dtype) {
-      case DType::kBF16:
-        bits = FloatToBf16Bits(f);
-        std::memcpy(bytes.data() + 2 * k, &bits, 2);
-        break;
-      case DType::kF16:
-        bits = FloatToF16Bits(f);
-        std::memcpy(bytes.data() + 2 * k, &bits, 2);
-        break;
-      default:
-        std::memcpy(bytes.data() + 4 * k, &f, 4);
-    }
-  }
-  // All bytes NaN (0xFF..: a NaN in every float dtype).
-  void Poison() { std::fill(bytes.begin(), bytes.end(), uint8_t{0xFF}); }
-  // A view of rows [begin, begin + count) (the whole array by default).
-  Tensor View(int64_t begin = 0, int64_t count = -1) {
-    if (count < 0) count = rows - begin;
-    void* data = bytes.empty() ? nullptr : at(begin);
-    if (scalar) return Tensor::Of(data, dtype, {}, Device::Cpu());
-    if (!matrix) {
-      return Tensor::Of(static_cast<char*>(data), dtype,
-                        {count == 0 ? 0 : cols}, Device::Cpu());
-    }
-    return Tensor::Of(data, dtype, {count, cols}, Device::Cpu(), stride);
-  }
-};
-
-Array MakeArray(DType dtype, int64_t rows, int64_t cols, int64_t pad = 0) {
-  Array a;
-  a.dtype = dtype;
-  a.rows = rows;
-  a.cols = cols;
-  a.stride = pad == 0 ? 0 : cols + pad;
-  a.bytes.assign(std::max<int64_t>(a.span(), 1) * DTypeSize(dtype), 0);
-  a.Poison();
-  return a;
-}
-
-Array MakeVector(DType dtype, int64_t n) {
-  Array a = MakeArray(dtype, 1, n);
-  a.matrix = false;
-  return a;
-}
-
-// A vector's slice [begin, begin + count) as a tensor.
-Tensor VectorSlice(Array& a, int64_t begin, int64_t count) {
-  return Tensor::Of(a.bytes.data() + begin * DTypeSize(a.dtype), a.dtype,
-                    {count}, Device::Cpu());
-}
-
-Array MakeScalar() {
-  Array a = MakeArray(DType::kF32, 1, 1);
-  a.matrix = false;
-  a.scalar = true;
-  return a;
-}
-
-// ---------------------------------------------------------------------------
-// Tensors on the call's device.
-
-// Device copies of a call's host views for a context on a GPU; the views
-// themselves on the CPU. Out() copies are brought back by Download(), element
-// by element of the view only (ranks share d_weight's host array and write
-// their own rows).
-class Staging {
- public:
-  explicit Staging(Context& context) : context_(context) {}
-
-  absl::StatusOr<Tensor> In(const Tensor& host) {
-    if (context_.device().is_cpu()) return host;
-    ASSIGN_OR_RETURN(Buffer buffer,
-                     context_.allocator().Allocate(
-                         std::max<int64_t>(host.span_bytes(), 256)));
-    Tensor device = host;
-    device.data = buffer.data();
-    device.device = context_.device();
-    buffers_.push_back(std::move(buffer));
-    if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(host, device, context_));
-    return device;
-  }
-  absl::StatusOr<Tensor> Out(const Tensor& host) {
-    ASSIGN_OR_RETURN(Tensor device, In(host));
-    if (!context_.device().is_cpu()) outs_.push_back({device, host});
-    return device;
-  }
-  absl::Status Download() {
-    for (const auto& [device, host] : outs_) {
-      if (host.numel() > 0) RETURN_IF_ERROR(CopyTensor(device, host, context_));
-    }
-    return context_.Synchronize();
-  }
-
- private:
-  Context& context_;
-  std::vector<Buffer> buffers_;
-  std::vector<std::pair<Tensor, Tensor>> outs_;  // device, host
-};
+using test::Array;
+using test::MakeArray;
+using test::MakeVector;
+using test::SameBytes;
 
 // ---------------------------------------------------------------------------
 // Scenarios.
 
 enum class BiasKind { kNone, kF32, kOperand };
 
-struct Scenario {
-  std::string name;
-  int64_t n = 37;
+// The shared fields (n = 37, V = 203, ...:
+// tests/loss/vocab_parallel_test_util.h) and the linear op's own.
+struct Scenario : test::LossScenario {
   int64_t h = 24;
-  int64_t v = 203;
   BiasKind bias = BiasKind::kNone;
-  Reduction reduction = Reduction::kMean;
-  double ignore_fraction = 0.0;
-  float smoothing = 0.0f;
-  float z_loss = 0.0f;
-  float softcap = 0.0f;
-  float entropy_weight = 0.0f;
-  bool class_weights = false;
   bool d_hidden_f32 = false;
   bool d_weight_f32 = true;
   bool d_bias_f32 = true;
-  bool targets_i32 = false;
-  int64_t pad = 0;
   int64_t budget = int64_t{1} << 30;  // the vocabulary-parallel op's
   double logit_scale = 1.0;
 };
@@ -358,13 +210,12 @@ std::vector<Scenario> Scenarios() {
 // ---------------------------------------------------------------------------
 // A problem: the full inputs on the host and the ranks' split.
 
-struct Data {
-  Array hidden;                        // [N, H]
-  Array weight;                        // [V, H]
-  std::optional<Array> bias;           // [V]
-  Array targets;                       // [N] i64 or i32 (stored in `bytes`)
-  std::optional<Array> class_weights;  // [V] f32
-  Array grad_loss;                     // [] or [N]
+// The operands, and the targets, class weights and grad_loss of
+// test::LossInputs.
+struct Data : test::LossInputs {
+  Array hidden;               // [N, H]
+  Array weight;               // [V, H]
+  std::optional<Array> bias;  // [V]
 };
 
 Data MakeData(const Scenario& s, DType dtype, std::mt19937_64& rng) {
@@ -382,53 +233,9 @@ Data MakeData(const Scenario& s, DType dtype, std::mt19937_64& rng) {
     d.bias = MakeVector(s.bias == BiasKind::kF32 ? DType::kF32 : dtype, s.v);
     for (int64_t j = 0; j < s.v; ++j) d.bias->Set(0, j, 0.5 * normal(rng));
   }
-  const DType target_type = s.targets_i32 ? DType::kI32 : DType::kI64;
-  d.targets.dtype = target_type;
-  d.targets.rows = 1;
-  d.targets.cols = s.n;
-  d.targets.matrix = false;
-  d.targets.bytes.assign(std::max<int64_t>(s.n, 1) * DTypeSize(target_type), 0);
-  std::uniform_int_distribution<int64_t> target(0, s.v - 1);
-  for (int64_t i = 0; i < s.n; ++i) {
-    const int64_t t = uniform(rng) < s.ignore_fraction ? kIgnore : target(rng);
-    if (s.targets_i32) {
-      const int32_t t32 = static_cast<int32_t>(t);
-      std::memcpy(d.targets.bytes.data() + 4 * i, &t32, 4);
-    } else {
-      std::memcpy(d.targets.bytes.data() + 8 * i, &t, 8);
-    }
-  }
-  if (s.class_weights) {
-    d.class_weights = MakeVector(DType::kF32, s.v);
-    for (int64_t j = 0; j < s.v; ++j)
-      d.class_weights->Set(0, j, 0.5 + 1.5 * uniform(rng));
-  }
-  if (s.reduction == Reduction::kNone) {
-    d.grad_loss = MakeVector(DType::kF32, s.n);
-    for (int64_t i = 0; i < s.n; ++i) d.grad_loss.Set(0, i, normal(rng));
-  } else {
-    d.grad_loss = MakeScalar();
-    d.grad_loss.Set(0, 0, 0.5 + uniform(rng));
-  }
+  // The targets, class weights and grad_loss, from the same `normal`.
+  static_cast<test::LossInputs&>(d) = test::MakeLossInputs(s, normal, rng);
   return d;
-}
-
-Tensor TargetsView(Data& d) {
-  return Tensor::Of(d.targets.bytes.data(), d.targets.dtype, {d.targets.cols},
-                    Device::Cpu());
-}
-
-// A random split of [0, V) into `world` contiguous slices of >= 1 row.
-std::vector<int64_t> RandomOffsets(int64_t v, int world, std::mt19937_64& rng) {
-  std::vector<int64_t> cuts;
-  std::vector<int64_t> candidates;
-  for (int64_t j = 1; j < v; ++j) candidates.push_back(j);
-  std::shuffle(candidates.begin(), candidates.end(), rng);
-  cuts.assign(candidates.begin(), candidates.begin() + (world - 1));
-  cuts.push_back(0);
-  std::sort(cuts.begin(), cuts.end());
-  cuts.push_back(v);
-  return cuts;  // [world + 1]: rank r holds [cuts[r], cuts[r + 1])
 }
 
 // The outputs of one call: loss and lse, d_hidden per rank, d_weight and
@@ -445,7 +252,7 @@ struct Outputs {
 
 Array MakeLoss(const Scenario& s) {
   return s.reduction == Reduction::kNone ? MakeVector(DType::kF32, s.n)
-                                         : MakeScalar();
+                                         : test::MakeScalar();
 }
 
 Outputs MakeOutputs(const Scenario& s, DType dtype, int ranks) {
@@ -469,13 +276,7 @@ Outputs MakeOutputs(const Scenario& s, DType dtype, int ranks) {
 LinearCrossEntropyOptions Options(const Scenario& s,
                                   std::optional<Tensor> class_weights) {
   LinearCrossEntropyOptions options;
-  options.cross_entropy.ignore_index = kIgnore;
-  options.cross_entropy.reduction = s.reduction;
-  options.cross_entropy.label_smoothing = s.smoothing;
-  options.cross_entropy.z_loss = s.z_loss;
-  options.cross_entropy.softcap = s.softcap;
-  options.cross_entropy.entropy_weight = s.entropy_weight;
-  options.cross_entropy.class_weights = class_weights;
+  options.cross_entropy = test::LossOptions(s, class_weights);
   return options;
 }
 
@@ -486,14 +287,14 @@ enum class Call { kFused, kFusedGradLoss, kForward, kBackward };
 absl::Status RunSingle(const Device& device, const Scenario& s, Data& d,
                        Outputs& o, Call call, const Array* saved_lse) {
   ASSIGN_OR_RETURN(std::unique_ptr<Context> context, Context::Create(device));
-  Staging stage(*context);
+  test::Staging stage(*context);
   LinearCrossEntropyInputs in;
   ASSIGN_OR_RETURN(in.hidden, stage.In(d.hidden.View()));
   ASSIGN_OR_RETURN(in.weight, stage.In(d.weight.View()));
   if (d.bias.has_value()) {
     ASSIGN_OR_RETURN(in.bias, stage.In(d.bias->View()));
   }
-  ASSIGN_OR_RETURN(in.targets, stage.In(TargetsView(d)));
+  ASSIGN_OR_RETURN(in.targets, stage.In(d.targets.View()));
   std::optional<Tensor> cw;
   if (d.class_weights.has_value()) {
     ASSIGN_OR_RETURN(cw, stage.In(d.class_weights->View()));
@@ -556,17 +357,17 @@ absl::Status RunRank(Context& context, Communicator* comm, int r,
   LinearCrossEntropyInputs host;
   host.hidden = d.hidden.View();
   host.weight = d.weight.View(begin, count);
-  if (d.bias.has_value()) host.bias = VectorSlice(*d.bias, begin, count);
-  host.targets = TargetsView(d);
+  if (d.bias.has_value()) host.bias = d.bias->Columns(begin, count);
+  host.targets = d.targets.View();
   std::optional<Tensor> host_cw;
   if (d.class_weights.has_value())
-    host_cw = VectorSlice(*d.class_weights, begin, count);
+    host_cw = d.class_weights->Columns(begin, count);
   LinearCrossEntropyOptions options = Options(s, host_cw);
   options.max_workspace_bytes = s.budget;
   options.use_tf32 = false;
   if (tamper) tamper(r, shard, host, options);
 
-  Staging stage(context);
+  test::Staging stage(context);
   LinearCrossEntropyInputs in = host;
   auto stage_in = [&stage](Tensor& t) -> absl::Status {
     ASSIGN_OR_RETURN(t, stage.In(t));
@@ -582,7 +383,7 @@ absl::Status RunRank(Context& context, Communicator* comm, int r,
   ASSIGN_OR_RETURN(g.d_hidden, stage.Out(o.d_hidden[r].View()));
   ASSIGN_OR_RETURN(g.d_weight, stage.Out(o.d_weight.View(begin, count)));
   if (o.d_bias.has_value()) {
-    ASSIGN_OR_RETURN(g.d_bias, stage.Out(VectorSlice(*o.d_bias, begin, count)));
+    ASSIGN_OR_RETURN(g.d_bias, stage.Out(o.d_bias->Columns(begin, count)));
   }
   ASSIGN_OR_RETURN(const Tensor loss, stage.Out(o.loss_per_rank[r].View()));
   ASSIGN_OR_RETURN(const Tensor lse, stage.Out(o.lse_per_rank[r].View()));
@@ -623,64 +424,28 @@ std::vector<absl::Status> RunParallel(const Device& device, const Scenario& s,
                                       const Tamper& tamper = nullptr,
                                       Backend backend = Backend::kInProcess) {
   const int world = static_cast<int>(cuts.size()) - 1;
-  std::vector<absl::Status> results(world);
   std::vector<std::unique_ptr<Communicator>> comms;
   if (backend == Backend::kInProcess) {
-    auto group = CpuCommunicatorGroup::Create(world, absl::Seconds(20));
-    if (!group.ok()) {
-      results.assign(world, group.status());
-      return results;
-    }
+    auto group = test::InProcessCommunicators(device, world);
+    if (!group.ok()) return std::vector<absl::Status>(world, group.status());
     comms = std::move(*group);
-    if (!device.is_cpu()) {
-      for (std::unique_ptr<Communicator>& comm : comms) {
-        auto staged = HostStagedCommunicator::Create(std::move(comm));
-        if (!staged.ok()) {
-          results.assign(world, staged.status());
-          return results;
-        }
-        comm = std::move(*staged);
-      }
-    }
   }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto context = Context::Create(device);
-      if (!context.ok()) {
-        results[r] = context.status();
-        // Still meet the others: a rank without a context would hang them.
-        if (!comms.empty()) {
-          absl::Status aborted = comms[r]->Abort("no context");
-          (void)aborted;
-        }
-        return;
-      }
-      std::unique_ptr<Communicator> own;
-      Communicator* comm = comms.empty() ? nullptr : comms[r].get();
+  return test::RunOnRanks(
+      device, world, comms,
+      [&](Context& context, Communicator* comm, int r) -> absl::Status {
 #ifdef LOSSRT_TEST_NCCL
-      if (backend == Backend::kNccl) {
-        absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
-        if (!id.ok()) {
-          results[r] = id.status();
-          return;
+        std::unique_ptr<Communicator> own;
+        if (backend == Backend::kNccl) {
+          ASSIGN_OR_RETURN(const std::string id,
+                           NcclCommunicator::NewUniqueId());
+          ASSIGN_OR_RETURN(own, NcclCommunicator::Create(id, 0, 1, context,
+                                                         absl::Seconds(60)));
+          comm = own.get();
         }
-        auto nccl =
-            NcclCommunicator::Create(*id, 0, 1, **context, absl::Seconds(60));
-        if (!nccl.ok()) {
-          results[r] = nccl.status();
-          return;
-        }
-        own = std::move(*nccl);
-        comm = own.get();
-      }
 #endif
-      results[r] =
-          RunRank(**context, comm, r, s, d, o, cuts, call, saved_lse, tamper);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return results;
+        return RunRank(context, comm, r, s, d, o, cuts, call, saved_lse,
+                       tamper);
+      });
 }
 
 // ---------------------------------------------------------------------------
@@ -726,8 +491,6 @@ void ExpectGradClose(const Array& got, const Array& want, bool sixteen_bit,
     EXPECT_LE(std::sqrt(diff2 / norm2), 2e-3) << what << ": norm-wise";
   }
 }
-
-bool SameBytes(const Array& a, const Array& b) { return a.bytes == b.bytes; }
 
 // ||got - want|| / ||want|| over every element (0 for a zero `want`).
 double NormRelativeError(const Array& got, const Array& want) {
@@ -901,7 +664,7 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   Data d = MakeData(s, c.dtype, rng);
-  const std::vector<int64_t> cuts = RandomOffsets(s.v, c.world, rng);
+  const std::vector<int64_t> cuts = test::RandomCuts(s.v, c.world, rng);
   SCOPED_TRACE(absl::StrCat("split ", absl::StrJoin(cuts, ",")));
   // The f32 judge of 16-bit d_hidden (see CheckAgainst).
   const bool sixteen = c.dtype != DType::kF32;
@@ -1044,18 +807,10 @@ std::vector<BadCase> BadCases() {
                    [](int rank, VocabShard&, LinearCrossEntropyInputs& in,
                       LinearCrossEntropyOptions&) {
                      // Rank 1's first target differs.
-                     if (rank == 1) {
-                       thread_local std::vector<int64_t> copy;
-                       const int64_t* t = in.targets.data_as<int64_t>();
-                       copy.assign(t, t + in.targets.dim(0));
-                       copy[0] = copy[0] == 0 ? 1 : 0;
-                       in.targets.data = copy.data();
-                     }
+                     if (rank == 1) test::ChangeFirstTarget(in.targets);
                    }});
-  cases.push_back({"target_out_of_range", false, nullptr, [](Data& d) {
-                     const int64_t bad = 1000;
-                     std::memcpy(d.targets.bytes.data() + 8 * 3, &bad, 8);
-                   }});
+  cases.push_back({"target_out_of_range", false, nullptr,
+                   [](Data& d) { test::SetI64Target(d.targets, 3, 1000); }});
   return cases;
 }
 
@@ -1085,15 +840,11 @@ TEST_P(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
       const Array* outputs[] = {&o.loss_per_rank[r], &o.lse_per_rank[r],
                                 &o.d_hidden[r]};
       for (const Array* a : outputs) {
-        EXPECT_TRUE(std::all_of(a->bytes.begin(), a->bytes.end(),
-                                [](uint8_t b) { return b == 0xFF; }))
-            << "rank " << r << " wrote an output";
+        EXPECT_TRUE(a->Poisoned()) << "rank " << r << " wrote an output";
       }
     }
     for (const Array* a : {&o.d_weight, &*o.d_bias}) {
-      EXPECT_TRUE(std::all_of(a->bytes.begin(), a->bytes.end(), [](uint8_t b) {
-        return b == 0xFF;
-      })) << "a gradient was written";
+      EXPECT_TRUE(a->Poisoned()) << "a gradient was written";
     }
     if (bad.rank_local) {
       // The other ranks name the rank that rejected its inputs.
@@ -1115,10 +866,7 @@ TEST_P(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelBadInput,
                          testing::Values(Device::Cpu(), Device::Cuda(0)),
-                         [](const testing::TestParamInfo<Device>& info) {
-                           return std::string(info.param.is_cpu() ? "cpu"
-                                                                  : "cuda");
-                         });
+                         test::DeviceName);
 
 TEST(VocabParallelNullCommunicator, Rejected) {
   Scenario s;
@@ -1129,7 +877,7 @@ TEST(VocabParallelNullCommunicator, Rejected) {
                        Context::Create(Device::Cpu()));
   VocabShard shard{nullptr, 0, s.v};
   LinearCrossEntropyInputs in{d.hidden.View(), d.weight.View(), std::nullopt,
-                              TargetsView(d)};
+                              d.targets.View()};
   const absl::Status status = VocabParallelLinearCrossEntropyForward(
       *context, shard, in, LinearCrossEntropyOptions(), o.loss.View());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
