@@ -3,16 +3,25 @@
 // the row kernels (vocab_parallel_kernels.cu), whose per-row math follows the
 // cross-entropy's CPU op (loss/cross_entropy_cpu.cc) term for term, so that
 // the results differ from the single-device ops only by the order of the sums
-// over the vocabulary.
+// over the vocabulary; and the runners' plumbing (the record exchange, the
+// target weights, the chunk arguments, the statistics' all-reduces).
 #include "loss/vocab_parallel_internal.h"
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "loss/cross_entropy_cpu.h"
+#include "loss/loss_checks.h"
 #include "runtime/int_math.h"
 #include "runtime/status.h"
+
+#ifdef LOSSRT_WITH_CUDA
+#include "absl/container/inlined_vector.h"
+#include "runtime/cuda_status.h"
+#endif
 
 namespace lossrt {
 namespace vocab_parallel {
@@ -317,6 +326,333 @@ void RowFinishCpu(const ChunkArgs& args) {
     }
   }
 }
+
+ChunkRegions RegionsOf(void* buffer, int64_t max_rows, int64_t ld) {
+  ChunkRegions r;
+  char* base = static_cast<char*>(buffer);
+  r.logits = reinterpret_cast<float*>(base);
+  base += Aligned(4 * max_rows * ld);
+  r.row_max = reinterpret_cast<float*>(base);
+  base += Aligned(4 * max_rows);
+  r.sums = reinterpret_cast<double*>(base);
+  base += Aligned(8 * kRowSums * max_rows);
+  r.partial = reinterpret_cast<float*>(base);
+  return r;
+}
+
+void FillRecord(const CallFacts& facts, const CrossEntropyOptions& options,
+                int64_t* fields) {
+  fields[kOk] = 1;
+  fields[kOffset] = facts.slice.offset;
+  fields[kLocalVocab] = facts.slice.local_vocab;
+  fields[kVocab] = facts.slice.vocab;
+  fields[kTokens] = facts.tokens;
+  fields[kHidden] = facts.hidden;
+  fields[kChunkRows] = facts.chunk_rows;
+  fields[kPass] = facts.pass;
+  fields[kOptions] = OptionsHash(options);
+}
+
+absl::StatusOr<int64_t*> RecordArray(Context& context, int64_t* in_block,
+                                     int world_size, Buffer& fallback) {
+  if (in_block != nullptr) return in_block;
+  ASSIGN_OR_RETURN(
+      fallback, context.allocator().Allocate(8 * kFields * (world_size + 1)));
+  return fallback.data_as<int64_t>();
+}
+
+namespace {
+
+Tensor VectorOn(const Context& context, void* data, DType dtype,
+                int64_t count) {
+  return Tensor::Of(data, dtype, {count}, context.device());
+}
+
+}  // namespace
+
+absl::Status ExchangeRecordsCpu(Context& context, Communicator& comm,
+                                int64_t* in_block, const absl::Status& local,
+                                const CallFacts& facts,
+                                const CrossEntropyOptions& options,
+                                const Tensor& targets, absl::string_view op,
+                                Agreed& agreed) {
+  const int world = comm.world_size();
+  Buffer fallback;
+  ASSIGN_OR_RETURN(int64_t * record,
+                   RecordArray(context, in_block, world, fallback));
+  int64_t* mine = record + world * kFields;
+  std::fill(mine, mine + kFields, 0);
+  if (local.ok()) {
+    FillRecord(facts, options, mine);
+    mine[kTargets] = TargetsHash(targets);
+  }
+  RETURN_IF_ERROR(comm.AllGather(
+      VectorOn(context, mine, DType::kI64, kFields),
+      VectorOn(context, record, DType::kI64, world * kFields), context));
+  RETURN_IF_ERROR(local);
+  return CheckRecords(record, world, comm.rank(), options.validate_targets, op,
+                      agreed);
+}
+
+absl::Status ScanTargetsHost(const Tensor& targets, const Slice& slice,
+                             const float* class_weights,
+                             const CrossEntropyOptions& options,
+                             ce::TargetStats& stats) {
+  const int64_t n = targets.dim(0);
+  stats = ce::ScanTargetsCpu(targets.data, targets.dtype == DType::kI64, n,
+                             slice.vocab, options.ignore_index, nullptr);
+  stats.negative_weights = 0;
+  if (class_weights != nullptr) {
+    for (int64_t j = 0; j < slice.local_vocab; ++j) {
+      if (!(class_weights[j] >= 0.0f)) ++stats.negative_weights;
+    }
+  }
+  return ce::CheckTargetStats(stats, options, n, slice.vocab);
+}
+
+absl::Status TargetWeightsCpu(Context& context, Communicator& comm,
+                              const Tensor& targets, const Slice& slice,
+                              const float* class_weights, int64_t ignore_index,
+                              double* target_weight, double& ce_denominator) {
+  const int64_t n = targets.dim(0);
+  const int64_t v = slice.local_vocab;
+  const int64_t offset = slice.offset;
+  if (class_weights != nullptr) {
+    double local_total = 0.0;
+    for (int64_t j = 0; j < v; ++j) local_total += class_weights[j];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = LoadTarget(targets, i);
+      target_weight[i] =
+          t >= offset && t < offset + v ? class_weights[t - offset] : 0.0;
+    }
+    target_weight[n] = local_total;
+    const Tensor all = VectorOn(context, target_weight, DType::kF64, n + 1);
+    RETURN_IF_ERROR(comm.AllReduce(all, all, ReduceOp::kSum, context));
+  } else {
+    std::fill(target_weight, target_weight + n, 1.0);
+    target_weight[n] = static_cast<double>(slice.vocab);
+  }
+  ce_denominator = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = LoadTarget(targets, i);
+    if (t != ignore_index && t >= 0 && t < slice.vocab)
+      ce_denominator += target_weight[i];
+  }
+  return absl::OkStatus();
+}
+
+ChunkArgs CallArgs(const CrossEntropyOptions& options, const Slice& slice,
+                   int64_t ld, const Tensor& targets,
+                   const float* class_weights, bool fused, bool backward,
+                   DType grad_type) {
+  ChunkArgs args;
+  args.ld = ld;
+  args.cols = slice.local_vocab;
+  args.offset = slice.offset;
+  args.vocab = slice.vocab;
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.ignore_index = options.ignore_index;
+  args.label_smoothing = options.label_smoothing;
+  args.z_loss = options.z_loss;
+  args.softcap = options.softcap;
+  args.entropy_weight = options.entropy_weight;
+  args.class_weights = class_weights;
+  args.mean = options.reduction == Reduction::kMean;
+  args.fused = fused;
+  args.backward = backward;
+  args.grad_type = grad_type;
+  args.grad_loss_per_row = options.reduction == Reduction::kNone;
+  args.dlogits_scale = 1.0f;
+  return args;
+}
+
+void MeanScales(const CrossEntropyOptions& options, double ce_denominator,
+                double z_denominator, ChunkArgs& args) {
+  args.ce_scale = 1.0;
+  args.z_scale = 1.0;
+  if (options.reduction == Reduction::kMean) {
+    args.ce_scale = ce_denominator > 0 ? 1.0 / ce_denominator : 0.0;
+    args.z_scale = z_denominator > 0 ? 1.0 / z_denominator : 0.0;
+  }
+}
+
+ChunkArgs RowArgs(const ChunkArgs& call, const ChunkRegions& regions,
+                  const Tensor& targets, const Tensor* grad_loss,
+                  int64_t row_begin, int64_t row_end, float* lse,
+                  float* row_loss, const double* target_weight) {
+  ChunkArgs args = call;
+  args.logits = regions.logits;
+  args.rows = row_end - row_begin;
+  args.row_max = regions.row_max;
+  args.sums = regions.sums;
+  args.targets = static_cast<const char*>(targets.data) +
+                 row_begin * DTypeSize(targets.dtype);
+  args.lse = lse + row_begin;
+  args.row_loss = row_loss != nullptr ? row_loss + row_begin : nullptr;
+  args.target_weight =
+      target_weight != nullptr ? target_weight + row_begin : nullptr;
+  if (grad_loss != nullptr) {
+    args.grad_loss = grad_loss->data_as<const float>() +
+                     (args.grad_loss_per_row ? row_begin : 0);
+  }
+  return args;
+}
+
+absl::Status GlobalRowStatsCpu(Context& context, Communicator& comm,
+                               const ChunkArgs& args) {
+  RowMaxCpu(args);
+  const Tensor maxes = VectorOn(context, args.row_max, DType::kF32, args.rows);
+  RETURN_IF_ERROR(comm.AllReduce(maxes, maxes, ReduceOp::kMax, context));
+  RowSumsCpu(args);
+  const Tensor all =
+      VectorOn(context, args.sums, DType::kF64, args.rows * kRowSums);
+  return comm.AllReduce(all, all, ReduceOp::kSum, context);
+}
+
+absl::Status CheckStatTensors(const Context& context, Reduction reduction,
+                              int64_t tokens, const Tensor* loss,
+                              const Tensor* lse, const Tensor* grad_loss) {
+  if (loss != nullptr) {
+    RETURN_IF_ERROR(
+        ce::CheckLossTensor(*loss, reduction, tokens, context, "loss"));
+  }
+  if (lse != nullptr)
+    RETURN_IF_ERROR(ce::CheckLseTensor(*lse, tokens, context));
+  if (grad_loss != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLossTensor(*grad_loss, reduction, tokens, context,
+                                        "grad_loss"));
+  }
+  return absl::OkStatus();
+}
+
+void AddCallTensors(const CrossEntropyOptions& options, const Tensor* grad_loss,
+                    const Tensor* loss, const Tensor* lse, bool forward,
+                    std::vector<NamedTensor>& inputs,
+                    std::vector<NamedTensor>& outputs) {
+  if (options.class_weights.has_value())
+    inputs.push_back({&*options.class_weights, "class_weights"});
+  if (grad_loss != nullptr) inputs.push_back({grad_loss, "grad_loss"});
+  if (loss != nullptr) outputs.push_back({loss, "loss"});
+  if (lse != nullptr) (forward ? outputs : inputs).push_back({lse, "lse"});
+}
+
+absl::Status CheckDisjoint(const std::vector<NamedTensor>& outputs,
+                           const std::vector<NamedTensor>& inputs,
+                           const Tensor* in_place_output,
+                           const Tensor* in_place_input) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const NamedTensor& input : inputs) {
+      if (in_place_output != nullptr && outputs[i].first == in_place_output &&
+          input.first == in_place_input)
+        continue;
+      if (Overlaps(*outputs[i].first, *input.first))
+        return InvalidArgument(outputs[i].second, " overlaps the input ",
+                               input.second);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(*outputs[i].first, *outputs[j].first))
+        return InvalidArgument(outputs[i].second, " overlaps ",
+                               outputs[j].second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+#ifdef LOSSRT_WITH_CUDA
+absl::Status ExchangeRecordsCuda(
+    Context& context, Communicator& comm, cudaStream_t stream,
+    int64_t* in_block, const absl::Status& local, const CallFacts& facts,
+    const CrossEntropyOptions& options, const Tensor& targets,
+    const float* class_weights, absl::string_view op, Agreed& agreed,
+    Denominators& denominators) {
+  const int world = comm.world_size();
+  const int rank = comm.rank();
+  Buffer fallback;
+  // device [world + 1, kFields]
+  ASSIGN_OR_RETURN(int64_t * record,
+                   RecordArray(context, in_block, world, fallback));
+  int64_t* mine = record + world * kFields;
+  RecordArgs args;
+  args.record = mine;
+  if (local.ok()) {
+    FillRecord(facts, options, args.fields);
+    args.scan = true;
+    args.targets = targets.data;
+    args.targets_i64 = targets.dtype == DType::kI64;
+    args.tokens = facts.tokens;
+    args.vocab = facts.slice.vocab;
+    args.ignore_index = options.ignore_index;
+    args.offset = facts.slice.offset;
+    args.local_vocab = facts.slice.local_vocab;
+    args.class_weights = class_weights;
+  }
+  CUDA_RETURN_IF_ERROR(LaunchRecord(args, stream));
+  RETURN_IF_ERROR(comm.AllGather(
+      VectorOn(context, mine, DType::kI64, kFields),
+      VectorOn(context, record, DType::kI64, world * kFields), context));
+  // The call's one wait for the stream: the records on the host.
+  absl::InlinedVector<int64_t, 16 * kFields> records(world * kFields);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(records.data(), record,
+                                       8 * kFields * world,
+                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  RETURN_IF_ERROR(local);
+  const int64_t* own = records.data() + rank * kFields;
+  ce::TargetStats stats{};
+  stats.invalid = own[kInvalid];
+  stats.negative_weights = own[kNegativeWeights];
+  RETURN_IF_ERROR(
+      ce::CheckTargetStats(stats, options, facts.tokens, facts.slice.vocab));
+  RETURN_IF_ERROR(CheckRecords(records.data(), world, rank,
+                               options.validate_targets, op, agreed));
+
+  // The mean's denominators and W from the ranks' sums, in rank order.
+  denominators.z = static_cast<double>(own[kCounted]);
+  denominators.ce = denominators.z;
+  denominators.weight_total = static_cast<double>(facts.slice.vocab);
+  if (class_weights != nullptr) {
+    denominators.ce = 0.0;
+    denominators.weight_total = 0.0;
+    for (int r = 0; r < world; ++r) {
+      double target_weights = 0.0, weights = 0.0;
+      std::memcpy(&target_weights, &records[r * kFields + kTargetWeightSum], 8);
+      std::memcpy(&weights, &records[r * kFields + kWeightSum], 8);
+      denominators.ce += target_weights;
+      denominators.weight_total += weights;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TargetWeightsCuda(Context& context, Communicator& comm,
+                               cudaStream_t stream, const Tensor& targets,
+                               const Slice& slice, const float* class_weights,
+                               double* target_weight) {
+  const int64_t n = targets.dim(0);
+  TargetWeightArgs tw;
+  tw.targets = targets.data;
+  tw.targets_i64 = targets.dtype == DType::kI64;
+  tw.tokens = n;
+  tw.offset = slice.offset;
+  tw.local_vocab = slice.local_vocab;
+  tw.class_weights = class_weights;
+  tw.target_weight = target_weight;
+  CUDA_RETURN_IF_ERROR(LaunchTargetWeights(tw, stream));
+  const Tensor all = VectorOn(context, target_weight, DType::kF64, n);
+  return comm.AllReduce(all, all, ReduceOp::kSum, context);
+}
+
+absl::Status GlobalRowStatsCuda(Context& context, Communicator& comm,
+                                cudaStream_t stream, const ChunkArgs& args) {
+  CUDA_RETURN_IF_ERROR(LaunchRowMax(args, stream));
+  const Tensor maxes = VectorOn(context, args.row_max, DType::kF32, args.rows);
+  RETURN_IF_ERROR(comm.AllReduce(maxes, maxes, ReduceOp::kMax, context));
+  CUDA_RETURN_IF_ERROR(LaunchRowSums(args, stream));
+  const Tensor sums =
+      VectorOn(context, args.sums, DType::kF64, args.rows * kRowSums);
+  return comm.AllReduce(sums, sums, ReduceOp::kSum, context);
+}
+#endif  // LOSSRT_WITH_CUDA
 
 }  // namespace vocab_parallel
 }  // namespace lossrt

@@ -58,11 +58,13 @@ using RowMajor =
 using MatrixMap = Eigen::Map<RowMajor, 0, Eigen::OuterStride<>>;
 using ConstMatrixMap = Eigen::Map<const RowMajor, 0, Eigen::OuterStride<>>;
 
-constexpr int64_t kAlignment = 256;
 // A chunk's regions (logits, row max, row sums, d_hidden partial) are each
 // 256-aligned: the most bytes their alignment may add.
 constexpr int64_t kChunkSlack = 4 * kAlignment;
 constexpr char kOpName[] = "vocabulary-parallel linear cross-entropy";
+
+// The CUDA path (defined only when built with CUDA).
+class CudaRunner;
 
 // One call on one rank.
 struct Problem {
@@ -79,6 +81,9 @@ struct Problem {
   int64_t local_vocab = 0;  // V_r
   bool backward() const { return pass != lce::Pass::kForward; }
   bool forward() const { return pass != lce::Pass::kBackward; }
+  Slice slice() const {
+    return {shard->vocab_offset, local_vocab, shard->vocab};
+  }
 };
 
 absl::Status CheckShard(const Problem& p) {
@@ -148,16 +153,8 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
 
 absl::Status CheckOutputs(const Context& context, const Problem& p) {
   const CrossEntropyOptions& ce = p.options->cross_entropy;
-  if (p.loss != nullptr) {
-    RETURN_IF_ERROR(
-        ce::CheckLossTensor(*p.loss, ce.reduction, p.tokens, context, "loss"));
-  }
-  if (p.lse != nullptr)
-    RETURN_IF_ERROR(ce::CheckLseTensor(*p.lse, p.tokens, context));
-  if (p.grad_loss != nullptr) {
-    RETURN_IF_ERROR(ce::CheckLossTensor(*p.grad_loss, ce.reduction, p.tokens,
-                                        context, "grad_loss"));
-  }
+  RETURN_IF_ERROR(CheckStatTensors(context, ce.reduction, p.tokens, p.loss,
+                                   p.lse, p.grad_loss));
   if (p.gradients != nullptr) {
     const LinearCrossEntropyInputs& in = *p.inputs;
     const LinearCrossEntropyGradients& g = *p.gradients;
@@ -189,40 +186,20 @@ absl::Status CheckOutputs(const Context& context, const Problem& p) {
         "VocabParallelLinearCrossEntropyForwardBackward");
   }
   // Outputs may overlap neither an input nor each other.
-  using Named = std::pair<const Tensor*, const char*>;
   const LinearCrossEntropyInputs& in = *p.inputs;
-  std::vector<Named> inputs = {
+  std::vector<NamedTensor> inputs = {
       {&in.hidden, "hidden"}, {&in.weight, "weight"}, {&in.targets, "targets"}};
-  std::vector<Named> outputs;
+  std::vector<NamedTensor> outputs;
   if (in.bias.has_value()) inputs.push_back({&*in.bias, "bias"});
-  if (ce.class_weights.has_value())
-    inputs.push_back({&*ce.class_weights, "class_weights"});
-  if (p.grad_loss != nullptr) inputs.push_back({p.grad_loss, "grad_loss"});
-  if (p.loss != nullptr) outputs.push_back({p.loss, "loss"});
-  if (p.lse != nullptr)
-    (p.forward() ? outputs : inputs).push_back({p.lse, "lse"});
+  AddCallTensors(ce, p.grad_loss, p.loss, p.lse, p.forward(), inputs, outputs);
   if (p.gradients != nullptr) {
     outputs.push_back({&p.gradients->d_hidden, "d_hidden"});
     outputs.push_back({&p.gradients->d_weight, "d_weight"});
     if (p.gradients->d_bias.has_value())
       outputs.push_back({&*p.gradients->d_bias, "d_bias"});
   }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (const Named& input : inputs) {
-      if (Overlaps(*outputs[i].first, *input.first))
-        return InvalidArgument(outputs[i].second, " overlaps the input ",
-                               input.second);
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (Overlaps(*outputs[i].first, *outputs[j].first))
-        return InvalidArgument(outputs[i].second, " overlaps ",
-                               outputs[j].second);
-    }
-  }
-  return absl::OkStatus();
+  return CheckDisjoint(outputs, inputs, nullptr, nullptr);
 }
-
-int64_t Aligned(int64_t bytes) { return RoundUp(bytes, kAlignment); }
 
 // The call's temporaries: per-call arrays first, then a token chunk's.
 struct Layout {
@@ -239,52 +216,26 @@ struct Layout {
   int64_t max_rows = 0;   // the most rows a chunk may take within the budget
 };
 
-// The chunk's regions in its buffer.
-struct ChunkRegions {
-  float* logits = nullptr;   // [max_rows, ld]
-  float* row_max = nullptr;  // [max_rows]
-  double* sums = nullptr;    // [max_rows, kRowSums]
-  float* partial = nullptr;  // [max_rows, H]
-};
-
-ChunkRegions RegionsOf(void* buffer, const Layout& layout, int64_t hidden) {
-  ChunkRegions r;
-  char* base = static_cast<char*>(buffer);
-  r.logits = reinterpret_cast<float*>(base);
-  base += Aligned(4 * layout.max_rows * layout.ld);
-  r.row_max = reinterpret_cast<float*>(base);
-  base += Aligned(4 * layout.max_rows);
-  r.sums = reinterpret_cast<double*>(base);
-  base += Aligned(8 * kRowSums * layout.max_rows);
-  r.partial = reinterpret_cast<float*>(base);
-  return r;
-}
-
 absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
   const int64_t n = p.tokens;
   const int64_t v = p.local_vocab;
   const LinearCrossEntropyInputs& in = *p.inputs;
-  int64_t size = 0;
-  auto add = [&size](bool needed, int64_t bytes) {
-    if (!needed) return int64_t{-1};
-    const int64_t offset = size;
-    size += Aligned(bytes);
-    return offset;
-  };
+  BlockPlan plan;
   const bool reduced = p.options->cross_entropy.reduction != Reduction::kNone;
-  layout.record = add(true, 8 * kFields * (world_size + 1));
-  layout.row_loss = add(p.forward() && reduced, 4 * n);
-  layout.lse = add(p.lse == nullptr, 4 * n);
-  layout.target_weight = add(true, 8 * (n + 1));
+  layout.record = plan.Add(true, 8 * kFields * (world_size + 1));
+  layout.row_loss = plan.Add(p.forward() && reduced, 4 * n);
+  layout.lse = plan.Add(p.lse == nullptr, 4 * n);
+  layout.target_weight = plan.Add(true, 8 * (n + 1));
   layout.bias =
-      add(in.bias.has_value() && in.bias->dtype != DType::kF32, 4 * v);
+      plan.Add(in.bias.has_value() && in.bias->dtype != DType::kF32, 4 * v);
   layout.d_weight_acc =
-      add(p.backward() && p.gradients->d_weight.dtype != DType::kF32,
-          4 * v * p.hidden);
-  layout.d_bias_acc = add(p.backward() && p.gradients->d_bias.has_value() &&
-                              p.gradients->d_bias->dtype != DType::kF32,
-                          4 * v);
-  layout.fixed_bytes = size;
+      plan.Add(p.backward() && p.gradients->d_weight.dtype != DType::kF32,
+               4 * v * p.hidden);
+  layout.d_bias_acc =
+      plan.Add(p.backward() && p.gradients->d_bias.has_value() &&
+                   p.gradients->d_bias->dtype != DType::kF32,
+               4 * v);
+  layout.fixed_bytes = plan.size();
   layout.ld = RoundUp(v, int64_t{8});
   // logits, the row max, the row sums and d_hidden's partial row.
   layout.row_bytes =
@@ -304,64 +255,75 @@ absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
   return absl::OkStatus();
 }
 
-class Runner {
- public:
-  Runner(Context& context, const Problem& p)
-      : context_(context),
+// What both runners hold beyond RunnerBase: the plan and the call's arrays.
+class LinearRunner : protected RunnerBase {
+ protected:
+  LinearRunner(Context& context, const Problem& p)
+      : RunnerBase(context, *p.shard->communicator, p.options->cross_entropy),
         p_(p),
-        comm_(*p.shard->communicator),
-        ce_(p.options->cross_entropy),
         operand_(p.inputs->hidden.dtype) {}
+
+  // lse, row_loss and the fp32 accumulators: the caller's or the block's.
+  void SetCallArrays() {
+    lse_ =
+        p_.lse != nullptr ? p_.lse->data_as<float>() : At<float>(layout_.lse);
+    row_loss_ = ce_.reduction == Reduction::kNone
+                    ? (p_.forward() ? p_.loss->data_as<float>() : nullptr)
+                    : At<float>(layout_.row_loss);
+    d_weight_acc_ = At<float>(layout_.d_weight_acc);
+    d_bias_acc_ = At<float>(layout_.d_bias_acc);
+  }
+  // The chunk arguments of the call, but W and the mean's denominators.
+  ChunkArgs CallArgsOf() const {
+    return CallArgs(ce_, p_.slice(), layout_.ld, p_.inputs->targets,
+                    class_weights_, p_.forward(), p_.backward(), operand_);
+  }
+  // What a valid rank's record says of its call.
+  CallFacts Facts() const {
+    return {p_.slice(), p_.tokens, p_.hidden, layout_.max_rows,
+            static_cast<int64_t>(p_.pass)};
+  }
+  // The record's place in the block, or null for none (yet).
+  int64_t* RecordInBlock() const {
+    return block_.data() != nullptr ? At<int64_t>(layout_.record) : nullptr;
+  }
+
+  const Problem& p_;
+  const DType operand_;
+
+  Layout layout_;
+  const float* bias_ = nullptr;      // [V_r] fp32 or null
+  float* lse_ = nullptr;             // [N]
+  float* row_loss_ = nullptr;        // [N] or null
+  double* target_weight_ = nullptr;  // [N + 1] (CPU), [N] or null (CUDA)
+  float* d_weight_acc_ = nullptr;
+  float* d_bias_acc_ = nullptr;
+  ChunkArgs call_;  // the chunk arguments that do not depend on the chunk
+};
+
+class Runner : LinearRunner {
+ public:
+  Runner(Context& context, const Problem& p) : LinearRunner(context, p) {}
 
   // `checks`: the verdict of the rank-local argument checks. The rank takes
   // part in the exchange whatever it is.
   absl::Status Run(const absl::Status& checks);
 
  private:
-  template <typename T>
-  T* At(int64_t offset) const {
-    return offset < 0 ? nullptr
-                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
-                                             offset);
-  }
-  Tensor View(void* data, DType dtype, int64_t count) const {
-    return Tensor::Of(data, dtype, {count}, context_.device());
-  }
   // Local checks, plan and scan: OK or the rank's own verdict.
   absl::Status Prepare();
-  absl::Status Exchange(const absl::Status& local);
   absl::Status Chunk(int64_t row_begin, int64_t row_end);
   absl::Status Finish();
   float* FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
                    absl::Status& status);
 
-  Context& context_;
-  const Problem& p_;
-  Communicator& comm_;
-  const CrossEntropyOptions& ce_;
-  const DType operand_;
-
-  Layout layout_;
-  Agreed agreed_;
-  Buffer block_;  // per-call arrays
-  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial
   Buffer hidden_copy_;
   Buffer weight_copy_;
   const float* hidden_ = nullptr;  // [N, H], row stride hidden_ld_
   int64_t hidden_ld_ = 0;
   const float* weight_ = nullptr;  // [V_r, H], row stride weight_ld_
   int64_t weight_ld_ = 0;
-  const float* bias_ = nullptr;           // [V_r] or null
-  const float* class_weights_ = nullptr;  // [V_r] or null
-  float* lse_ = nullptr;                  // [N]
-  float* row_loss_ = nullptr;             // [N]
-  double* target_weight_ = nullptr;       // [N + 1]
-  float* d_weight_acc_ = nullptr;
-  float* d_bias_acc_ = nullptr;
   ce::TargetStats stats_{};
-  double ce_scale_ = 1.0;  // 1 / ce_denominator (mean), else 1
-  double z_scale_ = 1.0;
-  float dlogits_scale_ = 1.0f;
   RowMajor staging_;
 };
 
@@ -394,19 +356,10 @@ absl::Status Runner::Prepare() {
   RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
-  const int64_t v = p_.local_vocab;
-  // The targets against the whole vocabulary (the same verdict on every rank:
-  // the targets are), the class weights' signs against this rank's slice.
-  stats_ = ce::ScanTargetsCpu(in.targets.data, in.targets.dtype == DType::kI64,
-                              n, p_.shard->vocab, ce_.ignore_index, nullptr);
-  stats_.negative_weights = 0;
-  if (ce_.class_weights.has_value()) {
+  if (ce_.class_weights.has_value())
     class_weights_ = ce_.class_weights->data_as<const float>();
-    for (int64_t j = 0; j < v; ++j) {
-      if (!(class_weights_[j] >= 0.0f)) ++stats_.negative_weights;
-    }
-  }
-  RETURN_IF_ERROR(ce::CheckTargetStats(stats_, ce_, n, p_.shard->vocab));
+  RETURN_IF_ERROR(
+      ScanTargetsHost(in.targets, p_.slice(), class_weights_, ce_, stats_));
   ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
                                std::max<int64_t>(layout_.fixed_bytes, 1)));
   if (n > 0) {
@@ -422,90 +375,34 @@ absl::Status Runner::Prepare() {
   return absl::OkStatus();
 }
 
-absl::Status Runner::Exchange(const absl::Status& local) {
-  const int world = comm_.world_size();
-  const int rank = comm_.rank();
-  // The record lives in the block when it exists, else in a small buffer.
-  Buffer fallback;
-  int64_t* record = nullptr;
-  if (block_.data() != nullptr) {
-    record = At<int64_t>(layout_.record);
-  } else {
-    ASSIGN_OR_RETURN(fallback,
-                     context_.allocator().Allocate(8 * kFields * (world + 1)));
-    record = fallback.data_as<int64_t>();
-  }
-  int64_t* mine = record + world * kFields;
-  std::fill(mine, mine + kFields, 0);
-  mine[kOk] = local.ok() ? 1 : 0;
-  if (local.ok()) {
-    mine[kOffset] = p_.shard->vocab_offset;
-    mine[kLocalVocab] = p_.local_vocab;
-    mine[kVocab] = p_.shard->vocab;
-    mine[kTokens] = p_.tokens;
-    mine[kHidden] = p_.hidden;
-    mine[kChunkRows] = layout_.max_rows;
-    mine[kPass] = static_cast<int64_t>(p_.pass);
-    mine[kOptions] = OptionsHash(ce_);
-    mine[kTargets] = TargetsHash(p_.inputs->targets);
-  }
-  RETURN_IF_ERROR(comm_.AllGather(View(mine, DType::kI64, kFields),
-                                  View(record, DType::kI64, world * kFields),
-                                  context_));
-  RETURN_IF_ERROR(local);
-  return CheckRecords(record, world, rank, ce_.validate_targets, kOpName,
-                      agreed_);
-}
-
 absl::Status Runner::Run(const absl::Status& checks) {
-  RETURN_IF_ERROR(Exchange(checks.ok() ? Prepare() : checks));
+  const absl::Status local = checks.ok() ? Prepare() : checks;
+  // The record lives in the block when it exists, else in a small buffer.
+  RETURN_IF_ERROR(ExchangeRecordsCpu(context_, comm_, RecordInBlock(), local,
+                                     Facts(), ce_, p_.inputs->targets, kOpName,
+                                     agreed_));
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
   const int64_t v = p_.local_vocab;
-  const int64_t offset = p_.shard->vocab_offset;
-  const int64_t vocab = p_.shard->vocab;
 
-  // The targets' weights from their owners and the weight total W.
+  // The targets' weights from their owners and the weight total W, and the
+  // mean's denominators as the target scan sums them (in token order).
   target_weight_ = At<double>(layout_.target_weight);
-  if (class_weights_ != nullptr) {
-    double local_total = 0.0;
-    for (int64_t j = 0; j < v; ++j) local_total += class_weights_[j];
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = LoadTarget(in.targets, i);
-      target_weight_[i] =
-          t >= offset && t < offset + v ? class_weights_[t - offset] : 0.0;
-    }
-    target_weight_[n] = local_total;
-    const Tensor all = View(target_weight_, DType::kF64, n + 1);
-    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
-  } else {
-    std::fill(target_weight_, target_weight_ + n, 1.0);
-    target_weight_[n] = static_cast<double>(vocab);
-  }
-  stats_.weight_total = target_weight_[n];
-  // The mean's denominators as the target scan sums them (in token order).
   double ce_denominator = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = LoadTarget(in.targets, i);
-    if (t != ce_.ignore_index && t >= 0 && t < vocab)
-      ce_denominator += target_weight_[i];
-  }
+  RETURN_IF_ERROR(TargetWeightsCpu(context_, comm_, in.targets, p_.slice(),
+                                   class_weights_, ce_.ignore_index,
+                                   target_weight_, ce_denominator));
+  stats_.weight_total = target_weight_[n];
   stats_.ce_denominator = ce_denominator;
-  if (ce_.reduction == Reduction::kMean) {
-    ce_scale_ = ce_denominator > 0 ? 1.0 / ce_denominator : 0.0;
-    z_scale_ = stats_.z_denominator > 0 ? 1.0 / stats_.z_denominator : 0.0;
-  }
+  call_ = CallArgsOf();
+  call_.weight_total = stats_.weight_total;
+  MeanScales(ce_, ce_denominator, stats_.z_denominator, call_);
   if (p_.backward()) {
-    dlogits_scale_ = lce::DlogitsScale(
+    call_.dlogits_scale = lce::DlogitsScale(
         operand_, static_cast<int>(ce_.reduction), ce_denominator);
   }
 
-  lse_ = p_.lse != nullptr ? p_.lse->data_as<float>() : At<float>(layout_.lse);
-  row_loss_ = ce_.reduction == Reduction::kNone
-                  ? (p_.forward() ? p_.loss->data_as<float>() : nullptr)
-                  : At<float>(layout_.row_loss);
-  d_weight_acc_ = At<float>(layout_.d_weight_acc);
-  d_bias_acc_ = At<float>(layout_.d_bias_acc);
+  SetCallArrays();
   if (in.bias.has_value()) {
     if (layout_.bias >= 0) {
       float* bias = At<float>(layout_.bias);
@@ -530,10 +427,8 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   const int64_t h = p_.hidden;
   const int64_t ld = layout_.ld;
 
-  const ChunkRegions regions = RegionsOf(chunk_.data(), layout_, h);
+  const ChunkRegions regions = RegionsOf(chunk_.data(), layout_.max_rows, ld);
   float* logits = regions.logits;    // [rows, ld]
-  float* row_max = regions.row_max;  // [rows]
-  double* sums = regions.sums;       // [rows, kRowSums]
   float* partial = regions.partial;  // [rows, H]
 
   const ConstMatrixMap hidden(hidden_ + row_begin * hidden_ld_, rows, h,
@@ -546,57 +441,19 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
     z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_, v);
   SoftcapCpu(logits, rows, v, ld, ce_.softcap);
 
-  ChunkArgs args;
-  args.logits = logits;
-  args.ld = ld;
-  args.rows = rows;
-  args.cols = v;
-  args.offset = p_.shard->vocab_offset;
-  args.vocab = p_.shard->vocab;
-  args.targets = static_cast<const char*>(in.targets.data) +
-                 row_begin * DTypeSize(in.targets.dtype);
-  args.targets_i64 = in.targets.dtype == DType::kI64;
-  args.ignore_index = ce_.ignore_index;
-  args.label_smoothing = ce_.label_smoothing;
-  args.z_loss = ce_.z_loss;
-  args.softcap = ce_.softcap;
-  args.entropy_weight = ce_.entropy_weight;
-  args.class_weights = class_weights_;
-  args.target_weight = target_weight_ + row_begin;
-  args.row_max = row_max;
-  args.sums = sums;
-  args.lse = lse_ + row_begin;
-  args.row_loss = row_loss_ != nullptr ? row_loss_ + row_begin : nullptr;
-  args.mean = ce_.reduction == Reduction::kMean;
-  args.ce_scale = ce_scale_;
-  args.z_scale = z_scale_;
-  args.weight_total = stats_.weight_total;
-  args.fused = p_.forward();
-  args.backward = p_.backward();
-  args.grad_type = operand_;
-  if (p_.grad_loss != nullptr) {
-    args.grad_loss_per_row = ce_.reduction == Reduction::kNone;
-    args.grad_loss = p_.grad_loss->data_as<const float>() +
-                     (args.grad_loss_per_row ? row_begin : 0);
-  }
-  args.dlogits_scale = dlogits_scale_;
+  const ChunkArgs args =
+      RowArgs(call_, regions, in.targets, p_.grad_loss, row_begin, row_end,
+              lse_, row_loss_, target_weight_);
 
   // The global lse: the row max (kMax), then the row sums (kSum).
-  if (args.fused) {
-    RowMaxCpu(args);
-    const Tensor maxes = View(row_max, DType::kF32, rows);
-    RETURN_IF_ERROR(comm_.AllReduce(maxes, maxes, ReduceOp::kMax, context_));
-    RowSumsCpu(args);
-    const Tensor all = View(sums, DType::kF64, rows * kRowSums);
-    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
-  }
+  if (args.fused) RETURN_IF_ERROR(GlobalRowStatsCpu(context_, comm_, args));
   // Loss and lse of each row, then (backward) its dlogits in place, rounded
   // to the operand dtype as the single-device op's.
   RowFinishCpu(args);
   if (!p_.backward()) return absl::OkStatus();
 
   // d_hidden[rows] = sum over the ranks of dlogits @ weight_r.
-  const float unscale = 1.0f / dlogits_scale_;
+  const float unscale = 1.0f / call_.dlogits_scale;
   MatrixMap part(partial, rows, h, Eigen::OuterStride<>(h));  // [rows, H]
   part.noalias() = unscale * (z * weight);
   const Tensor part_view = View(partial, DType::kF32, rows * h);
@@ -681,69 +538,30 @@ absl::Status Runner::Finish() {
 // queued on the context's stream. The targets are checked on the device and
 // their verdict travels in the record, so that the exchange needs the call's
 // one wait for the stream (the records' readback).
-class CudaRunner {
+class CudaRunner : LinearRunner {
  public:
   CudaRunner(Context& context, const Problem& p)
-      : context_(context),
-        p_(p),
-        comm_(*p.shard->communicator),
-        ce_(p.options->cross_entropy),
-        operand_(p.inputs->hidden.dtype),
-        e_(DTypeSize(p.inputs->hidden.dtype)) {}
+      : LinearRunner(context, p), e_(DTypeSize(p.inputs->hidden.dtype)) {}
 
   absl::Status Run(const absl::Status& checks);
 
  private:
-  template <typename T>
-  T* At(int64_t offset) const {
-    return offset < 0 ? nullptr
-                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
-                                             offset);
-  }
-  Tensor View(void* data, DType dtype, int64_t count) const {
-    return Tensor::Of(data, dtype, {count}, context_.device());
-  }
   const char* RowOf(const Tensor& tensor, int64_t row) const {
     return static_cast<const char*>(tensor.data) +
            row * tensor.effective_row_stride() * DTypeSize(tensor.dtype);
   }
-  const void* Targets(int64_t row) const {
-    return static_cast<const char*>(p_.inputs->targets.data) +
-           row * DTypeSize(p_.inputs->targets.dtype);
-  }
   absl::Status Prepare();
-  absl::Status Exchange(const absl::Status& local);
   absl::Status Chunk(int64_t row_begin, int64_t row_end);
   absl::Status Finish();
   absl::Status Gemm(const GemmCall& call) { return gemm_->Run(call, stream_); }
 
-  Context& context_;
-  const Problem& p_;
-  Communicator& comm_;
-  const CrossEntropyOptions& ce_;
-  const DType operand_;
   const int64_t e_;  // operand bytes
 
   std::optional<ScopedDevice> device_;
   cudaStream_t stream_ = nullptr;
   GemmRunner* gemm_ = nullptr;
   std::optional<GemmRunner> tf32_gemm_;
-  Layout layout_;
-  Agreed agreed_;
-  Buffer block_;  // per-call arrays (device)
-  Buffer chunk_;  // a chunk's logits, stats, d_hidden partial (device)
   ChunkRegions regions_;
-  const float* bias_ = nullptr;           // [V_r] fp32 or null
-  const float* class_weights_ = nullptr;  // [V_r] or null
-  float* lse_ = nullptr;                  // [N]
-  float* row_loss_ = nullptr;             // [N] or null
-  double* target_weight_ = nullptr;       // [N] or null (no class weights)
-  float* d_weight_acc_ = nullptr;
-  float* d_bias_acc_ = nullptr;
-  double weight_total_ = 0.0;
-  double ce_scale_ = 1.0;  // 1 / ce_denominator (mean), else 1
-  double z_scale_ = 1.0;
-  float dlogits_scale_ = 1.0f;
 };
 
 absl::Status CudaRunner::Prepare() {
@@ -756,88 +574,7 @@ absl::Status CudaRunner::Prepare() {
     ASSIGN_OR_RETURN(chunk_,
                      context_.allocator().Allocate(
                          layout_.max_rows * layout_.row_bytes + kChunkSlack));
-    regions_ = RegionsOf(chunk_.data(), layout_, p_.hidden);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaRunner::Exchange(const absl::Status& local) {
-  const int world = comm_.world_size();
-  const int rank = comm_.rank();
-  Buffer fallback;
-  int64_t* record = nullptr;  // device [world + 1, kFields]
-  if (block_.data() != nullptr) {
-    record = At<int64_t>(layout_.record);
-  } else {
-    ASSIGN_OR_RETURN(fallback,
-                     context_.allocator().Allocate(8 * kFields * (world + 1)));
-    record = fallback.data_as<int64_t>();
-  }
-  int64_t* mine = record + world * kFields;
-  RecordArgs args;
-  args.record = mine;
-  args.fields[kOk] = local.ok() ? 1 : 0;
-  if (local.ok()) {
-    const LinearCrossEntropyInputs& in = *p_.inputs;
-    args.fields[kOffset] = p_.shard->vocab_offset;
-    args.fields[kLocalVocab] = p_.local_vocab;
-    args.fields[kVocab] = p_.shard->vocab;
-    args.fields[kTokens] = p_.tokens;
-    args.fields[kHidden] = p_.hidden;
-    args.fields[kChunkRows] = layout_.max_rows;
-    args.fields[kPass] = static_cast<int64_t>(p_.pass);
-    args.fields[kOptions] = OptionsHash(ce_);
-    args.scan = true;
-    args.targets = in.targets.data;
-    args.targets_i64 = in.targets.dtype == DType::kI64;
-    args.tokens = p_.tokens;
-    args.vocab = p_.shard->vocab;
-    args.ignore_index = ce_.ignore_index;
-    args.offset = p_.shard->vocab_offset;
-    args.local_vocab = p_.local_vocab;
-    args.class_weights = class_weights_;
-  }
-  CUDA_RETURN_IF_ERROR(LaunchRecord(args, stream_));
-  RETURN_IF_ERROR(comm_.AllGather(View(mine, DType::kI64, kFields),
-                                  View(record, DType::kI64, world * kFields),
-                                  context_));
-  // The call's one wait for the stream: the records on the host.
-  absl::InlinedVector<int64_t, 16 * kFields> records(world * kFields);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(records.data(), record,
-                                       8 * kFields * world,
-                                       cudaMemcpyDeviceToHost, stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  RETURN_IF_ERROR(local);
-  const int64_t* own = records.data() + rank * kFields;
-  ce::TargetStats stats{};
-  stats.invalid = own[kInvalid];
-  stats.negative_weights = own[kNegativeWeights];
-  RETURN_IF_ERROR(ce::CheckTargetStats(stats, ce_, p_.tokens, p_.shard->vocab));
-  RETURN_IF_ERROR(CheckRecords(records.data(), world, rank,
-                               ce_.validate_targets, kOpName, agreed_));
-
-  // The mean's denominators and W from the ranks' sums, in rank order.
-  const double counted = static_cast<double>(own[kCounted]);
-  double ce_denominator = counted;
-  weight_total_ = static_cast<double>(p_.shard->vocab);
-  if (class_weights_ != nullptr) {
-    ce_denominator = 0.0;
-    weight_total_ = 0.0;
-    for (int r = 0; r < world; ++r) {
-      double target_weights = 0.0, weights = 0.0;
-      std::memcpy(&target_weights, &records[r * kFields + kTargetWeightSum], 8);
-      std::memcpy(&weights, &records[r * kFields + kWeightSum], 8);
-      ce_denominator += target_weights;
-      weight_total_ += weights;
-    }
-  }
-  if (ce_.reduction == Reduction::kMean) {
-    ce_scale_ = ce_denominator > 0 ? 1.0 / ce_denominator : 0.0;
-    z_scale_ = counted > 0 ? 1.0 / counted : 0.0;
-  }
-  if (p_.backward()) {
-    dlogits_scale_ = lce::DlogitsScale(
-        operand_, static_cast<int>(ce_.reduction), ce_denominator);
+    regions_ = RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
   }
   return absl::OkStatus();
 }
@@ -849,7 +586,17 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
   ASSIGN_OR_RETURN(stream_, CudaStreamOf(context_));
   absl::Status local = checks;
   if (local.ok()) local = Prepare();
-  RETURN_IF_ERROR(Exchange(local));
+  Denominators denominators;
+  RETURN_IF_ERROR(ExchangeRecordsCuda(
+      context_, comm_, stream_, RecordInBlock(), local, Facts(), ce_,
+      p_.inputs->targets, class_weights_, kOpName, agreed_, denominators));
+  call_ = CallArgsOf();
+  call_.weight_total = denominators.weight_total;
+  MeanScales(ce_, denominators.ce, denominators.z, call_);
+  if (p_.backward()) {
+    call_.dlogits_scale = lce::DlogitsScale(
+        operand_, static_cast<int>(ce_.reduction), denominators.ce);
+  }
 
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
@@ -868,24 +615,11 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
   // The targets' weights from their owners (kSum over the ranks).
   if (class_weights_ != nullptr && n > 0) {
     target_weight_ = At<double>(layout_.target_weight);
-    TargetWeightArgs tw;
-    tw.targets = in.targets.data;
-    tw.targets_i64 = in.targets.dtype == DType::kI64;
-    tw.tokens = n;
-    tw.offset = p_.shard->vocab_offset;
-    tw.local_vocab = v;
-    tw.class_weights = class_weights_;
-    tw.target_weight = target_weight_;
-    CUDA_RETURN_IF_ERROR(LaunchTargetWeights(tw, stream_));
-    const Tensor all = View(target_weight_, DType::kF64, n);
-    RETURN_IF_ERROR(comm_.AllReduce(all, all, ReduceOp::kSum, context_));
+    RETURN_IF_ERROR(TargetWeightsCuda(context_, comm_, stream_, in.targets,
+                                      p_.slice(), class_weights_,
+                                      target_weight_));
   }
-  lse_ = p_.lse != nullptr ? p_.lse->data_as<float>() : At<float>(layout_.lse);
-  row_loss_ = ce_.reduction == Reduction::kNone
-                  ? (p_.forward() ? p_.loss->data_as<float>() : nullptr)
-                  : At<float>(layout_.row_loss);
-  d_weight_acc_ = At<float>(layout_.d_weight_acc);
-  d_bias_acc_ = At<float>(layout_.d_bias_acc);
+  SetCallArrays();
   if (in.bias.has_value()) {
     if (layout_.bias >= 0) {
       lce::ConvertArgs bias;
@@ -935,49 +669,13 @@ absl::Status CudaRunner::Chunk(int64_t row_begin, int64_t row_end) {
   g1.bias = bias_;
   RETURN_IF_ERROR(Gemm(g1));
 
-  ChunkArgs args;
-  args.logits = logits;
-  args.ld = ld;
-  args.rows = rows;
-  args.cols = v;
-  args.offset = p_.shard->vocab_offset;
-  args.vocab = p_.shard->vocab;
-  args.targets = Targets(row_begin);
-  args.targets_i64 = in.targets.dtype == DType::kI64;
-  args.ignore_index = ce_.ignore_index;
-  args.label_smoothing = ce_.label_smoothing;
-  args.z_loss = ce_.z_loss;
-  args.softcap = ce_.softcap;
-  args.entropy_weight = ce_.entropy_weight;
-  args.class_weights = class_weights_;
-  args.target_weight =
-      target_weight_ != nullptr ? target_weight_ + row_begin : nullptr;
-  args.row_max = regions_.row_max;
-  args.sums = regions_.sums;
-  args.lse = lse_ + row_begin;
-  args.row_loss = row_loss_ != nullptr ? row_loss_ + row_begin : nullptr;
-  args.mean = ce_.reduction == Reduction::kMean;
-  args.ce_scale = ce_scale_;
-  args.z_scale = z_scale_;
-  args.weight_total = weight_total_;
-  args.fused = p_.forward();
-  args.backward = p_.backward();
-  args.grad_type = operand_;
-  if (p_.grad_loss != nullptr) {
-    args.grad_loss_per_row = ce_.reduction == Reduction::kNone;
-    args.grad_loss = p_.grad_loss->data_as<const float>() +
-                     (args.grad_loss_per_row ? row_begin : 0);
-  }
-  args.dlogits_scale = dlogits_scale_;
+  const ChunkArgs args =
+      RowArgs(call_, regions_, in.targets, p_.grad_loss, row_begin, row_end,
+              lse_, row_loss_, target_weight_);
 
   // The global lse: the row max (kMax), then the row sums (kSum).
   if (args.fused) {
-    CUDA_RETURN_IF_ERROR(LaunchRowMax(args, stream_));
-    const Tensor maxes = View(regions_.row_max, DType::kF32, rows);
-    RETURN_IF_ERROR(comm_.AllReduce(maxes, maxes, ReduceOp::kMax, context_));
-    CUDA_RETURN_IF_ERROR(LaunchRowSums(args, stream_));
-    const Tensor sums = View(regions_.sums, DType::kF64, rows * kRowSums);
-    RETURN_IF_ERROR(comm_.AllReduce(sums, sums, ReduceOp::kSum, context_));
+    RETURN_IF_ERROR(GlobalRowStatsCuda(context_, comm_, stream_, args));
   }
   CUDA_RETURN_IF_ERROR(LaunchRowFinish(args, stream_));
   if (!p_.backward()) return absl::OkStatus();
@@ -985,7 +683,7 @@ absl::Status CudaRunner::Chunk(int64_t row_begin, int64_t row_end) {
   // d_hidden[rows] = sum over the ranks of dlogits @ weight_r: the column-major
   // D[H, rows] = weight_r(op N of [H, V_r]) @ dlogits(op N of [V_r, rows]),
   // in fp32, all-reduced, then rounded into d_hidden.
-  const float unscale = 1.0f / dlogits_scale_;
+  const float unscale = 1.0f / call_.dlogits_scale;
   GemmCall g2;
   g2.a = {in.weight.data, type, h, v, in.weight.effective_row_stride(),
           CUBLAS_OP_N};
@@ -1105,24 +803,7 @@ absl::Status CudaRunner::Finish() {
 #endif  // LOSSRT_WITH_CUDA
 
 absl::Status Run(Context& context, Problem& p) {
-  if (p.shard->communicator == nullptr) {
-    return InvalidArgument("shard.communicator is null");
-  }
-  absl::Status local = CheckInputs(context, p);
-  if (local.ok()) local = CheckOutputs(context, p);
-  // An invalid rank still takes part in the exchange (its record says so), so
-  // that no other rank waits for it.
-  if (!context.device().is_cpu()) {
-#ifdef LOSSRT_WITH_CUDA
-    CudaRunner runner(context, p);
-    return runner.Run(local);
-#else
-    return absl::UnimplementedError(
-        "vocabulary-parallel linear cross-entropy: built without CUDA");
-#endif
-  }
-  Runner runner(context, p);
-  return runner.Run(local);
+  return RunRank<Runner, CudaRunner>(context, p, kOpName);
 }
 
 }  // namespace
