@@ -170,68 +170,86 @@ Layout PlanLayout(const Problem& p, int world_size) {
   return layout;
 }
 
-// What a valid rank's record says of its call.
-CallFacts FactsOf(const Problem& p, const Layout& layout) {
-  return {p.slice(), p.tokens, 0, layout.max_rows,
-          static_cast<int64_t>(p.pass)};
-}
+// What both runners hold beyond RunnerBase: the problem and its plan.
+class CeRunner : protected RunnerBase {
+ protected:
+  CeRunner(Context& context, const Problem& p)
+      : RunnerBase(context, *p.shard->communicator, *p.options), p_(p) {}
 
-// The chunk arguments that do not depend on the chunk.
-ChunkArgs CallArgs(const Problem& p, const Layout& layout,
-                   const float* class_weights) {
-  return CallArgs(*p.options, p.slice(), layout.ld, *p.targets, class_weights,
-                  p.statistics(), p.backward(), p.logits->dtype);
-}
+  // The plan, the class weights, (`stats` given: the CPU path) the target
+  // scan, the block and the chunk buffer.
+  absl::Status PlanAndAllocate(ce::TargetStats* stats) {
+    layout_ = PlanLayout(p_, comm_.world_size());
+    if (ce_.class_weights.has_value())
+      class_weights_ = ce_.class_weights->data_as<const float>();
+    if (stats != nullptr) {
+      RETURN_IF_ERROR(ScanTargetsHost(*p_.targets, p_.slice(), class_weights_,
+                                      ce_, *stats));
+    }
+    ASSIGN_OR_RETURN(block_,
+                     context_.allocator().Allocate(layout_.block_bytes));
+    ASSIGN_OR_RETURN(chunk_,
+                     context_.allocator().Allocate(layout_.chunk_bytes));
+    return absl::OkStatus();
+  }
+  // What a valid rank's record says of its call.
+  CallFacts Facts() const {
+    return {p_.slice(), p_.tokens, 0, layout_.max_rows,
+            static_cast<int64_t>(p_.pass)};
+  }
+  // The record's place in the block, or null for none (yet).
+  int64_t* RecordInBlock() const {
+    return block_.data() != nullptr ? At<int64_t>(layout_.record) : nullptr;
+  }
+  // The chunk arguments that do not depend on the chunk, from W and the
+  // mean's denominators.
+  ChunkArgs CallArgsOf(double weight_total, double ce_denominator,
+                       double z_denominator) const {
+    ChunkArgs call =
+        CallArgs(ce_, p_.slice(), layout_.ld, *p_.targets, class_weights_,
+                 p_.statistics(), p_.backward(), p_.logits->dtype);
+    call.weight_total = weight_total;
+    MeanScales(ce_, ce_denominator, z_denominator, call);
+    return call;
+  }
+  // The call's lse (the caller's when a forward writes it, else the block's;
+  // a backward without the statistics reads the saved one) and per-row
+  // losses (null in a backward).
+  void CallArrays(const ChunkArgs& call, float*& lse, float*& row_loss) const {
+    lse = p_.forward() && p_.lse != nullptr ? p_.lse->data_as<float>()
+                                            : At<float>(layout_.lse);
+    if (!call.fused) lse = p_.lse->data_as<float>();  // the saved lse, read
+    row_loss = !p_.forward() ? nullptr
+               : ce_.reduction == Reduction::kNone
+                   ? p_.loss->data_as<float>()
+                   : At<float>(layout_.row_loss);
+  }
 
-// The call's lse (the caller's when a forward writes it, else the block's; a
-// backward without the statistics reads the saved one) and per-row losses.
-void CallArrays(const Problem& p, const ChunkArgs& call, float* block_lse,
-                float* block_row_loss, float*& lse, float*& row_loss) {
-  lse = p.forward() && p.lse != nullptr ? p.lse->data_as<float>() : block_lse;
-  if (!call.fused) lse = p.lse->data_as<float>();  // the saved lse, read
-  row_loss = !p.forward() ? nullptr
-             : p.options->reduction == Reduction::kNone
-                 ? p.loss->data_as<float>()
-                 : block_row_loss;
-}
+  const Problem& p_;
+  Layout layout_;
+};
 
 // The CPU path.
-class Runner : RunnerBase {
+class Runner : CeRunner {
  public:
-  Runner(Context& context, const Problem& p)
-      : RunnerBase(context, *p.shard->communicator, *p.options), p_(p) {}
+  Runner(Context& context, const Problem& p) : CeRunner(context, p) {}
 
   // `checks`: the verdict of the rank-local argument checks. The rank takes
   // part in the exchange whatever it is.
   absl::Status Run(const absl::Status& checks);
 
  private:
-  absl::Status Prepare();
   absl::Status Chunk(const ChunkArgs& call, int64_t row_begin, int64_t row_end);
 
-  const Problem& p_;
-  Layout layout_;
   ce::TargetStats stats_{};
 };
 
-absl::Status Runner::Prepare() {
-  layout_ = PlanLayout(p_, comm_.world_size());
-  if (ce_.class_weights.has_value())
-    class_weights_ = ce_.class_weights->data_as<const float>();
-  RETURN_IF_ERROR(
-      ScanTargetsHost(*p_.targets, p_.slice(), class_weights_, ce_, stats_));
-  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(layout_.block_bytes));
-  ASSIGN_OR_RETURN(chunk_, context_.allocator().Allocate(layout_.chunk_bytes));
-  return absl::OkStatus();
-}
-
 absl::Status Runner::Run(const absl::Status& checks) {
-  const absl::Status local = checks.ok() ? Prepare() : checks;
+  const absl::Status local = checks.ok() ? PlanAndAllocate(&stats_) : checks;
   // The record lives in the block when it exists, else in a small buffer.
-  RETURN_IF_ERROR(ExchangeRecordsCpu(
-      context_, comm_,
-      block_.data() != nullptr ? At<int64_t>(layout_.record) : nullptr, local,
-      FactsOf(p_, layout_), ce_, *p_.targets, kOpName, agreed_));
+  RETURN_IF_ERROR(ExchangeRecordsCpu(context_, comm_, RecordInBlock(), local,
+                                     Facts(), ce_, *p_.targets, kOpName,
+                                     agreed_));
   const int64_t n = p_.tokens;
 
   // The targets' weights from their owners and the weight total W, and the
@@ -241,22 +259,18 @@ absl::Status Runner::Run(const absl::Status& checks) {
   RETURN_IF_ERROR(TargetWeightsCpu(context_, comm_, *p_.targets, p_.slice(),
                                    class_weights_, ce_.ignore_index,
                                    target_weight, ce_denominator));
-  ChunkArgs call = CallArgs(p_, layout_, class_weights_);
-  call.weight_total = target_weight[n];
-  MeanScales(ce_, ce_denominator, stats_.z_denominator, call);
-
+  const ChunkArgs call =
+      CallArgsOf(target_weight[n], ce_denominator, stats_.z_denominator);
   float* lse = nullptr;
   float* row_loss = nullptr;
-  CallArrays(p_, call, At<float>(layout_.lse), At<float>(layout_.row_loss), lse,
-             row_loss);
-  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
-    const int64_t begin = c * agreed_.chunk_rows;
-    const int64_t end = std::min(n, begin + agreed_.chunk_rows);
-    const ChunkArgs args = RowArgs(
-        call, RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld),
-        *p_.targets, p_.grad_loss, begin, end, lse, row_loss, target_weight);
-    RETURN_IF_ERROR(Chunk(args, begin, end));
-  }
+  CallArrays(call, lse, row_loss);
+  const ChunkRegions regions =
+      RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
+  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [&](int64_t begin, int64_t end) {
+    return Chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss, begin, end,
+                         lse, row_loss, target_weight),
+                 begin, end);
+  }));
   if (p_.forward() && ce_.reduction != Reduction::kNone) {
     *p_.loss->data_as<float>() =
         static_cast<float>(ce::SumRowsCpu(row_loss, n));
@@ -309,32 +323,19 @@ absl::Status Runner::Chunk(const ChunkArgs& args, int64_t row_begin,
 // context's stream. The targets are checked on the device and their verdict
 // travels in the record, so that the exchange needs the call's one wait for
 // the stream (the records' readback).
-class CudaRunner : RunnerBase {
+class CudaRunner : CeRunner {
  public:
-  CudaRunner(Context& context, const Problem& p)
-      : RunnerBase(context, *p.shard->communicator, *p.options), p_(p) {}
+  CudaRunner(Context& context, const Problem& p) : CeRunner(context, p) {}
 
   absl::Status Run(const absl::Status& checks);
 
  private:
-  absl::Status Prepare();
   absl::Status Chunk(const ChunkArgs& args, int64_t row_begin, int64_t row_end);
 
-  const Problem& p_;
   std::optional<ScopedDevice> device_;
   cudaStream_t stream_ = nullptr;
-  Layout layout_;
   Denominators denominators_;
 };
-
-absl::Status CudaRunner::Prepare() {
-  layout_ = PlanLayout(p_, comm_.world_size());
-  if (ce_.class_weights.has_value())
-    class_weights_ = ce_.class_weights->data_as<const float>();
-  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(layout_.block_bytes));
-  ASSIGN_OR_RETURN(chunk_, context_.allocator().Allocate(layout_.chunk_bytes));
-  return absl::OkStatus();
-}
 
 absl::Status CudaRunner::Run(const absl::Status& checks) {
   ASSIGN_OR_RETURN(ScopedDevice scoped,
@@ -342,12 +343,10 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
   device_.emplace(std::move(scoped));
   ASSIGN_OR_RETURN(stream_, CudaStreamOf(context_));
   absl::Status local = checks;
-  if (local.ok()) local = Prepare();
+  if (local.ok()) local = PlanAndAllocate(nullptr);
   RETURN_IF_ERROR(ExchangeRecordsCuda(
-      context_, comm_, stream_,
-      block_.data() != nullptr ? At<int64_t>(layout_.record) : nullptr, local,
-      FactsOf(p_, layout_), ce_, *p_.targets, class_weights_, kOpName, agreed_,
-      denominators_));
+      context_, comm_, stream_, RecordInBlock(), local, Facts(), ce_,
+      *p_.targets, class_weights_, kOpName, agreed_, denominators_));
   const int64_t n = p_.tokens;
 
   // The targets' weights from their owners (kSum over the ranks).
@@ -358,23 +357,18 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
                                       p_.slice(), class_weights_,
                                       target_weight));
   }
-  ChunkArgs call = CallArgs(p_, layout_, class_weights_);
-  call.weight_total = denominators_.weight_total;
-  MeanScales(ce_, denominators_.ce, denominators_.z, call);
-
+  const ChunkArgs call =
+      CallArgsOf(denominators_.weight_total, denominators_.ce, denominators_.z);
   float* lse = nullptr;
   float* row_loss = nullptr;
-  CallArrays(p_, call, At<float>(layout_.lse), At<float>(layout_.row_loss), lse,
-             row_loss);
+  CallArrays(call, lse, row_loss);
   const ChunkRegions regions =
       RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
-  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
-    const int64_t begin = c * agreed_.chunk_rows;
-    const int64_t end = std::min(n, begin + agreed_.chunk_rows);
-    RETURN_IF_ERROR(Chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss,
-                                  begin, end, lse, row_loss, target_weight),
-                          begin, end));
-  }
+  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [&](int64_t begin, int64_t end) {
+    return Chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss, begin, end,
+                         lse, row_loss, target_weight),
+                 begin, end);
+  }));
   if (p_.forward() && ce_.reduction != Reduction::kNone) {
     CUDA_RETURN_IF_ERROR(
         ce::LaunchSumRows(row_loss, n, p_.loss->data_as<float>(), stream_));

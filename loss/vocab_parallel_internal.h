@@ -17,6 +17,7 @@
 #ifndef LOSSRT_LOSS_VOCAB_PARALLEL_INTERNAL_H_
 #define LOSSRT_LOSS_VOCAB_PARALLEL_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -249,6 +250,18 @@ class RunnerBase {
   Buffer chunk_;                          // a chunk's regions
   const float* class_weights_ = nullptr;  // [V_r] or null
 };
+
+// Runs chunk(row_begin, row_end) over the agreed token chunks of [0, tokens),
+// in order, up to the first error.
+template <typename ChunkFn>
+absl::Status ForEachChunk(const Agreed& agreed, int64_t tokens,
+                          ChunkFn&& chunk) {
+  for (int64_t c = 0; c < agreed.num_chunks; ++c) {
+    const int64_t begin = c * agreed.chunk_rows;
+    RETURN_IF_ERROR(chunk(begin, std::min(tokens, begin + agreed.chunk_rows)));
+  }
+  return absl::OkStatus();
+}
 
 // One call on one rank: the communicator must be given; the verdict of the
 // rank-local checks (the op's CheckInputs, then CheckOutputs, found next to

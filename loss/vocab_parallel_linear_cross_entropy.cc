@@ -273,10 +273,36 @@ class LinearRunner : protected RunnerBase {
     d_weight_acc_ = At<float>(layout_.d_weight_acc);
     d_bias_acc_ = At<float>(layout_.d_bias_acc);
   }
-  // The chunk arguments of the call, but W and the mean's denominators.
-  ChunkArgs CallArgsOf() const {
-    return CallArgs(ce_, p_.slice(), layout_.ld, p_.inputs->targets,
-                    class_weights_, p_.forward(), p_.backward(), operand_);
+  // The plan, the class weights, (`stats` given: the CPU path) the target
+  // scan, the block and (tokens > 0) the chunk buffer.
+  absl::Status PlanAndAllocate(ce::TargetStats* stats) {
+    RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
+    if (ce_.class_weights.has_value())
+      class_weights_ = ce_.class_weights->data_as<const float>();
+    if (stats != nullptr) {
+      RETURN_IF_ERROR(ScanTargetsHost(p_.inputs->targets, p_.slice(),
+                                      class_weights_, ce_, *stats));
+    }
+    ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
+                                 std::max<int64_t>(layout_.fixed_bytes, 1)));
+    if (p_.tokens > 0) {
+      ASSIGN_OR_RETURN(chunk_,
+                       context_.allocator().Allocate(
+                           layout_.max_rows * layout_.row_bytes + kChunkSlack));
+    }
+    return absl::OkStatus();
+  }
+  // The chunk arguments of the call from W and the mean's denominators.
+  void SetCallArgs(double weight_total, double ce_denominator,
+                   double z_denominator) {
+    call_ = CallArgs(ce_, p_.slice(), layout_.ld, p_.inputs->targets,
+                     class_weights_, p_.forward(), p_.backward(), operand_);
+    call_.weight_total = weight_total;
+    MeanScales(ce_, ce_denominator, z_denominator, call_);
+    if (p_.backward()) {
+      call_.dlogits_scale = lce::DlogitsScale(
+          operand_, static_cast<int>(ce_.reduction), ce_denominator);
+    }
   }
   // What a valid rank's record says of its call.
   CallFacts Facts() const {
@@ -353,19 +379,9 @@ float* Runner::FloatCopy(const Tensor& tensor, Buffer& copy, int64_t& ld,
 }
 
 absl::Status Runner::Prepare() {
-  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
+  RETURN_IF_ERROR(PlanAndAllocate(&stats_));
   const LinearCrossEntropyInputs& in = *p_.inputs;
-  const int64_t n = p_.tokens;
-  if (ce_.class_weights.has_value())
-    class_weights_ = ce_.class_weights->data_as<const float>();
-  RETURN_IF_ERROR(
-      ScanTargetsHost(in.targets, p_.slice(), class_weights_, ce_, stats_));
-  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
-                               std::max<int64_t>(layout_.fixed_bytes, 1)));
-  if (n > 0) {
-    ASSIGN_OR_RETURN(chunk_,
-                     context_.allocator().Allocate(
-                         layout_.max_rows * layout_.row_bytes + kChunkSlack));
+  if (p_.tokens > 0) {
     absl::Status status;
     hidden_ = FloatCopy(in.hidden, hidden_copy_, hidden_ld_, status);
     RETURN_IF_ERROR(status);
@@ -394,13 +410,7 @@ absl::Status Runner::Run(const absl::Status& checks) {
                                    target_weight_, ce_denominator));
   stats_.weight_total = target_weight_[n];
   stats_.ce_denominator = ce_denominator;
-  call_ = CallArgsOf();
-  call_.weight_total = stats_.weight_total;
-  MeanScales(ce_, ce_denominator, stats_.z_denominator, call_);
-  if (p_.backward()) {
-    call_.dlogits_scale = lce::DlogitsScale(
-        operand_, static_cast<int>(ce_.reduction), ce_denominator);
-  }
+  SetCallArgs(stats_.weight_total, ce_denominator, stats_.z_denominator);
 
   SetCallArrays();
   if (in.bias.has_value()) {
@@ -413,10 +423,9 @@ absl::Status Runner::Run(const absl::Status& checks) {
       bias_ = in.bias->data_as<const float>();
     }
   }
-  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
-    const int64_t begin = c * agreed_.chunk_rows;
-    RETURN_IF_ERROR(Chunk(begin, std::min(n, begin + agreed_.chunk_rows)));
-  }
+  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [this](int64_t begin, int64_t end) {
+    return Chunk(begin, end);
+  }));
   return Finish();
 }
 
@@ -565,17 +574,9 @@ class CudaRunner : LinearRunner {
 };
 
 absl::Status CudaRunner::Prepare() {
-  RETURN_IF_ERROR(PlanLayout(p_, comm_.world_size(), layout_));
-  if (ce_.class_weights.has_value())
-    class_weights_ = ce_.class_weights->data_as<const float>();
-  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(
-                               std::max<int64_t>(layout_.fixed_bytes, 1)));
-  if (p_.tokens > 0) {
-    ASSIGN_OR_RETURN(chunk_,
-                     context_.allocator().Allocate(
-                         layout_.max_rows * layout_.row_bytes + kChunkSlack));
+  RETURN_IF_ERROR(PlanAndAllocate(nullptr));
+  if (p_.tokens > 0)
     regions_ = RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
-  }
   return absl::OkStatus();
 }
 
@@ -590,13 +591,7 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
   RETURN_IF_ERROR(ExchangeRecordsCuda(
       context_, comm_, stream_, RecordInBlock(), local, Facts(), ce_,
       p_.inputs->targets, class_weights_, kOpName, agreed_, denominators));
-  call_ = CallArgsOf();
-  call_.weight_total = denominators.weight_total;
-  MeanScales(ce_, denominators.ce, denominators.z, call_);
-  if (p_.backward()) {
-    call_.dlogits_scale = lce::DlogitsScale(
-        operand_, static_cast<int>(ce_.reduction), denominators.ce);
-  }
+  SetCallArgs(denominators.weight_total, denominators.ce, denominators.z);
 
   const LinearCrossEntropyInputs& in = *p_.inputs;
   const int64_t n = p_.tokens;
@@ -634,10 +629,9 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
       bias_ = in.bias->data_as<const float>();
     }
   }
-  for (int64_t c = 0; c < agreed_.num_chunks; ++c) {
-    const int64_t begin = c * agreed_.chunk_rows;
-    RETURN_IF_ERROR(Chunk(begin, std::min(n, begin + agreed_.chunk_rows)));
-  }
+  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [this](int64_t begin, int64_t end) {
+    return Chunk(begin, end);
+  }));
   return Finish();
 }
 
