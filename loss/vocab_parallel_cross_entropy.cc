@@ -90,15 +90,7 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
   }
   RETURN_IF_ERROR(ce::CheckVocab(p.local_vocab, "logits"));
   RETURN_IF_ERROR(ce::CheckOnContext(logits, context, "logits"));
-  const VocabShard& shard = *p.shard;
-  RETURN_IF_ERROR(ce::CheckVocab(shard.vocab, "shard.vocab"));
-  if (shard.vocab_offset < 0 ||
-      shard.vocab_offset > shard.vocab - p.local_vocab) {
-    return InvalidArgument("shard: columns [", shard.vocab_offset, ", ",
-                           shard.vocab_offset + p.local_vocab,
-                           ") of the logits are outside the vocabulary [0, ",
-                           shard.vocab, ")");
-  }
+  RETURN_IF_ERROR(CheckSliceInVocab(p.slice(), "columns", "the logits"));
   const Tensor& targets = *p.targets;
   RETURN_IF_ERROR(CheckDType(targets, {DType::kI64, DType::kI32}, "targets"));
   RETURN_IF_ERROR(CheckShape(targets, {p.tokens}, "targets"));
@@ -212,17 +204,27 @@ class CeRunner : protected RunnerBase {
     MeanScales(ce_, ce_denominator, z_denominator, call);
     return call;
   }
-  // The call's lse (the caller's when a forward writes it, else the block's;
-  // a backward without the statistics reads the saved one) and per-row
-  // losses (null in a backward).
-  void CallArrays(const ChunkArgs& call, float*& lse, float*& row_loss) const {
-    lse = p_.forward() && p_.lse != nullptr ? p_.lse->data_as<float>()
-                                            : At<float>(layout_.lse);
+  // chunk(args, row_begin, row_end) over the agreed chunks, each with its
+  // rows' arguments from `call`, the call's lse (the caller's when a forward
+  // writes it, else the block's; a backward without the statistics reads the
+  // saved one) and per-row losses (`row_loss`, null in a backward).
+  template <typename ChunkFn>
+  absl::Status ChunkLoop(const ChunkArgs& call, const double* target_weight,
+                         float*& row_loss, ChunkFn&& chunk) const {
+    float* lse = p_.forward() && p_.lse != nullptr ? p_.lse->data_as<float>()
+                                                   : At<float>(layout_.lse);
     if (!call.fused) lse = p_.lse->data_as<float>();  // the saved lse, read
     row_loss = !p_.forward() ? nullptr
                : ce_.reduction == Reduction::kNone
                    ? p_.loss->data_as<float>()
                    : At<float>(layout_.row_loss);
+    const ChunkRegions regions =
+        RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
+    return ForEachChunk(agreed_, p_.tokens, [&](int64_t begin, int64_t end) {
+      return chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss, begin, end,
+                           lse, row_loss, target_weight),
+                   begin, end);
+    });
   }
 
   const Problem& p_;
@@ -261,16 +263,12 @@ absl::Status Runner::Run(const absl::Status& checks) {
                                    target_weight, ce_denominator));
   const ChunkArgs call =
       CallArgsOf(target_weight[n], ce_denominator, stats_.z_denominator);
-  float* lse = nullptr;
   float* row_loss = nullptr;
-  CallArrays(call, lse, row_loss);
-  const ChunkRegions regions =
-      RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
-  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [&](int64_t begin, int64_t end) {
-    return Chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss, begin, end,
-                         lse, row_loss, target_weight),
-                 begin, end);
-  }));
+  RETURN_IF_ERROR(
+      ChunkLoop(call, target_weight, row_loss,
+                [this](const ChunkArgs& args, int64_t begin, int64_t end) {
+                  return Chunk(args, begin, end);
+                }));
   if (p_.forward() && ce_.reduction != Reduction::kNone) {
     *p_.loss->data_as<float>() =
         static_cast<float>(ce::SumRowsCpu(row_loss, n));
@@ -338,10 +336,7 @@ class CudaRunner : CeRunner {
 };
 
 absl::Status CudaRunner::Run(const absl::Status& checks) {
-  ASSIGN_OR_RETURN(ScopedDevice scoped,
-                   ScopedDevice::Enter(context_.device().ordinal));
-  device_.emplace(std::move(scoped));
-  ASSIGN_OR_RETURN(stream_, CudaStreamOf(context_));
+  ASSIGN_OR_RETURN(stream_, EnterDevice(context_, device_));
   absl::Status local = checks;
   if (local.ok()) local = PlanAndAllocate(nullptr);
   RETURN_IF_ERROR(ExchangeRecordsCuda(
@@ -359,16 +354,12 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
   }
   const ChunkArgs call =
       CallArgsOf(denominators_.weight_total, denominators_.ce, denominators_.z);
-  float* lse = nullptr;
   float* row_loss = nullptr;
-  CallArrays(call, lse, row_loss);
-  const ChunkRegions regions =
-      RegionsOf(chunk_.data(), layout_.max_rows, layout_.ld);
-  RETURN_IF_ERROR(ForEachChunk(agreed_, n, [&](int64_t begin, int64_t end) {
-    return Chunk(RowArgs(call, regions, *p_.targets, p_.grad_loss, begin, end,
-                         lse, row_loss, target_weight),
-                 begin, end);
-  }));
+  RETURN_IF_ERROR(
+      ChunkLoop(call, target_weight, row_loss,
+                [this](const ChunkArgs& args, int64_t begin, int64_t end) {
+                  return Chunk(args, begin, end);
+                }));
   if (p_.forward() && ce_.reduction != Reduction::kNone) {
     CUDA_RETURN_IF_ERROR(
         ce::LaunchSumRows(row_loss, n, p_.loss->data_as<float>(), stream_));

@@ -340,6 +340,18 @@ ChunkRegions RegionsOf(void* buffer, int64_t max_rows, int64_t ld) {
   return r;
 }
 
+absl::Status CheckSliceInVocab(const Slice& slice, absl::string_view units,
+                               absl::string_view of) {
+  RETURN_IF_ERROR(ce::CheckVocab(slice.vocab, "shard.vocab"));
+  if (slice.offset < 0 || slice.offset > slice.vocab - slice.local_vocab) {
+    return InvalidArgument("shard: ", units, " [", slice.offset, ", ",
+                           slice.offset + slice.local_vocab, ") of ", of,
+                           " are outside the vocabulary [0, ", slice.vocab,
+                           ")");
+  }
+  return absl::OkStatus();
+}
+
 void FillRecord(const CallFacts& facts, const CrossEntropyOptions& options,
                 int64_t* fields) {
   fields[kOk] = 1;
@@ -559,6 +571,14 @@ absl::Status CheckDisjoint(const std::vector<NamedTensor>& outputs,
 }
 
 #ifdef LOSSRT_WITH_CUDA
+absl::StatusOr<cudaStream_t> EnterDevice(Context& context,
+                                         std::optional<ScopedDevice>& device) {
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+  device.emplace(std::move(scoped));
+  return CudaStreamOf(context);
+}
+
 absl::Status ExchangeRecordsCuda(
     Context& context, Communicator& comm, cudaStream_t stream,
     int64_t* in_block, const absl::Status& local, const CallFacts& facts,

@@ -37,6 +37,13 @@
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 
+#ifdef LOSSRT_WITH_CUDA
+#include <optional>
+
+#include "runtime/cuda_context.h"
+#include "runtime/scoped_device.h"
+#endif
+
 namespace lossrt {
 namespace vocab_parallel {
 
@@ -124,6 +131,11 @@ struct Slice {
   int64_t local_vocab = 0;  // V_r
   int64_t vocab = 0;        // V
 };
+
+// The shard's vocabulary (>= 1) and the slice inside it; `units` and `of`
+// name the slice in the message ("columns", "the logits").
+absl::Status CheckSliceInVocab(const Slice& slice, absl::string_view units,
+                               absl::string_view of);
 
 // What a valid rank's record says of its call, besides the hashes.
 struct CallFacts {
@@ -288,6 +300,11 @@ absl::Status RunRank(Context& context, Problem& p, absl::string_view op) {
 }
 
 #ifdef LOSSRT_WITH_CUDA
+// Makes the context's device current for as long as `device` lives; the
+// context's stream.
+absl::StatusOr<cudaStream_t> EnterDevice(Context& context,
+                                         std::optional<ScopedDevice>& device);
+
 // The mean's denominators and W, from the ranks' records.
 struct Denominators {
   double ce = 0.0;

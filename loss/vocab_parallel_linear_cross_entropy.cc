@@ -86,19 +86,6 @@ struct Problem {
   }
 };
 
-absl::Status CheckShard(const Problem& p) {
-  const VocabShard& shard = *p.shard;
-  RETURN_IF_ERROR(ce::CheckVocab(shard.vocab, "shard.vocab"));
-  if (shard.vocab_offset < 0 ||
-      shard.vocab_offset > shard.vocab - p.local_vocab) {
-    return InvalidArgument("shard: rows [", shard.vocab_offset, ", ",
-                           shard.vocab_offset + p.local_vocab,
-                           ") of the weight are outside the vocabulary [0, ",
-                           shard.vocab, ")");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckInputs(const Context& context, Problem& p) {
   const LinearCrossEntropyInputs& in = *p.inputs;
   if (in.hidden.rank() != 2)
@@ -117,7 +104,7 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
                            in.hidden.ShapeString());
   }
   RETURN_IF_ERROR(ce::CheckVocab(v, "weight"));
-  RETURN_IF_ERROR(CheckShard(p));
+  RETURN_IF_ERROR(CheckSliceInVocab(p.slice(), "rows", "the weight"));
   RETURN_IF_ERROR(CheckDType(
       in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
   RETURN_IF_ERROR(CheckShape(in.weight, {v, p.hidden}, "weight"));
@@ -581,10 +568,7 @@ absl::Status CudaRunner::Prepare() {
 }
 
 absl::Status CudaRunner::Run(const absl::Status& checks) {
-  ASSIGN_OR_RETURN(ScopedDevice scoped,
-                   ScopedDevice::Enter(context_.device().ordinal));
-  device_.emplace(std::move(scoped));
-  ASSIGN_OR_RETURN(stream_, CudaStreamOf(context_));
+  ASSIGN_OR_RETURN(stream_, EnterDevice(context_, device_));
   absl::Status local = checks;
   if (local.ok()) local = Prepare();
   Denominators denominators;
