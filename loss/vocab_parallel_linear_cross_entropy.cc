@@ -250,6 +250,21 @@ class LinearRunner : protected RunnerBase {
         p_(p),
         operand_(p.inputs->hidden.dtype) {}
 
+  // The fp32 bias (null without one): the caller's, or a 16-bit bias
+  // converted into the block by convert(bias, dst).
+  template <typename Convert>
+  absl::Status SetBias(Convert&& convert) {
+    const LinearCrossEntropyInputs& in = *p_.inputs;
+    if (!in.bias.has_value()) return absl::OkStatus();
+    if (layout_.bias < 0) {
+      bias_ = in.bias->data_as<const float>();
+      return absl::OkStatus();
+    }
+    float* bias = At<float>(layout_.bias);
+    RETURN_IF_ERROR(convert(*in.bias, bias));
+    bias_ = bias;
+    return absl::OkStatus();
+  }
   // lse, row_loss and the fp32 accumulators: the caller's or the block's.
   void SetCallArrays() {
     lse_ =
@@ -400,16 +415,10 @@ absl::Status Runner::Run(const absl::Status& checks) {
   SetCallArgs(stats_.weight_total, ce_denominator, stats_.z_denominator);
 
   SetCallArrays();
-  if (in.bias.has_value()) {
-    if (layout_.bias >= 0) {
-      float* bias = At<float>(layout_.bias);
-      for (int64_t j = 0; j < v; ++j)
-        bias[j] = LoadHost(in.bias->data, in.bias->dtype, j);
-      bias_ = bias;
-    } else {
-      bias_ = in.bias->data_as<const float>();
-    }
-  }
+  RETURN_IF_ERROR(SetBias([v](const Tensor& bias, float* dst) {
+    for (int64_t j = 0; j < v; ++j) dst[j] = LoadHost(bias.data, bias.dtype, j);
+    return absl::OkStatus();
+  }));
   RETURN_IF_ERROR(ForEachChunk(agreed_, n, [this](int64_t begin, int64_t end) {
     return Chunk(begin, end);
   }));
@@ -599,20 +608,16 @@ absl::Status CudaRunner::Run(const absl::Status& checks) {
                                       target_weight_));
   }
   SetCallArrays();
-  if (in.bias.has_value()) {
-    if (layout_.bias >= 0) {
-      lce::ConvertArgs bias;
-      bias.src = in.bias->data;
-      bias.src_type = in.bias->dtype;
-      bias.dst = At<float>(layout_.bias);
-      bias.rows = 1;
-      bias.cols = bias.src_ld = bias.dst_ld = v;
-      CUDA_RETURN_IF_ERROR(lce::LaunchConvert(bias, stream_));
-      bias_ = At<float>(layout_.bias);
-    } else {
-      bias_ = in.bias->data_as<const float>();
-    }
-  }
+  RETURN_IF_ERROR(SetBias([this, v](const Tensor& bias, float* dst) {
+    lce::ConvertArgs convert;
+    convert.src = bias.data;
+    convert.src_type = bias.dtype;
+    convert.dst = dst;
+    convert.rows = 1;
+    convert.cols = convert.src_ld = convert.dst_ld = v;
+    CUDA_RETURN_IF_ERROR(lce::LaunchConvert(convert, stream_));
+    return absl::OkStatus();
+  }));
   RETURN_IF_ERROR(ForEachChunk(agreed_, n, [this](int64_t begin, int64_t end) {
     return Chunk(begin, end);
   }));
