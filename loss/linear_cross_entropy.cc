@@ -502,6 +502,37 @@ float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
   return std::ldexp(1.0f, std::min(exponent - 1, 30));
 }
 
+absl::Status CheckOperands(const LinearCrossEntropyInputs& in, int64_t tokens,
+                           int64_t hidden, int64_t vocab,
+                           const Context& context) {
+  if (hidden < 1) {
+    return InvalidArgument("hidden: the hidden size must be >= 1, got ",
+                           in.hidden.ShapeString());
+  }
+  RETURN_IF_ERROR(ce::CheckVocab(vocab, "weight"));
+  RETURN_IF_ERROR(CheckDType(
+      in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
+  RETURN_IF_ERROR(CheckShape(in.weight, {vocab, hidden}, "weight"));
+  if (in.weight.dtype != in.hidden.dtype) {
+    return InvalidArgument("weight: dtype ", DTypeName(in.weight.dtype),
+                           " differs from hidden's ",
+                           DTypeName(in.hidden.dtype));
+  }
+  RETURN_IF_ERROR(CheckShape(in.targets, {tokens}, "targets"));
+  RETURN_IF_ERROR(
+      CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.hidden, context, "hidden"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.weight, context, "weight"));
+  RETURN_IF_ERROR(ce::CheckOnContext(in.targets, context, "targets"));
+  if (in.bias.has_value()) {
+    RETURN_IF_ERROR(CheckShape(*in.bias, {vocab}, "bias"));
+    RETURN_IF_ERROR(
+        CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
+    RETURN_IF_ERROR(ce::CheckOnContext(*in.bias, context, "bias"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // Inputs and options of every call; sets the sizes in `problem`.
@@ -516,35 +547,10 @@ absl::Status CheckInputs(const Context& context, Problem& problem) {
   problem.tokens = in.hidden.dim(0);
   problem.hidden = in.hidden.dim(1);
   problem.vocab = in.weight.dim(0);
-  const int64_t n = problem.tokens;
-  const int64_t v = problem.vocab;
-  if (problem.hidden < 1) {
-    return InvalidArgument("hidden: the hidden size must be >= 1, got ",
-                           in.hidden.ShapeString());
-  }
-  RETURN_IF_ERROR(ce::CheckVocab(v, "weight"));
-  RETURN_IF_ERROR(CheckDType(
-      in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
-  RETURN_IF_ERROR(CheckShape(in.weight, {v, problem.hidden}, "weight"));
-  if (in.weight.dtype != in.hidden.dtype) {
-    return InvalidArgument("weight: dtype ", DTypeName(in.weight.dtype),
-                           " differs from hidden's ",
-                           DTypeName(in.hidden.dtype));
-  }
-  RETURN_IF_ERROR(CheckShape(in.targets, {n}, "targets"));
-  RETURN_IF_ERROR(
-      CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.hidden, context, "hidden"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.weight, context, "weight"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.targets, context, "targets"));
-  if (in.bias.has_value()) {
-    RETURN_IF_ERROR(CheckShape(*in.bias, {v}, "bias"));
-    RETURN_IF_ERROR(
-        CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
-    RETURN_IF_ERROR(ce::CheckOnContext(*in.bias, context, "bias"));
-  }
-  return ce::CheckCrossEntropyOptions(problem.options->cross_entropy, v,
-                                      context);
+  RETURN_IF_ERROR(CheckOperands(in, problem.tokens, problem.hidden,
+                                problem.vocab, context));
+  return ce::CheckCrossEntropyOptions(problem.options->cross_entropy,
+                                      problem.vocab, context);
 }
 
 absl::Status CheckGradients(const Context& context, const Problem& problem) {

@@ -195,6 +195,14 @@ void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
 // sum/none reductions.
 float DlogitsScale(DType operand_type, int reduction, double ce_denominator);
 
+// The operands' checks shared by the single-device and the vocabulary-parallel
+// ops, for hidden [tokens, hidden] and weight [vocab, hidden] (vocab: the rows
+// the caller holds): sizes, dtypes, the targets' and the bias's shapes, and
+// that every operand is on the context's device.
+absl::Status CheckOperands(const LinearCrossEntropyInputs& in, int64_t tokens,
+                           int64_t hidden, int64_t vocab,
+                           const Context& context);
+
 }  // namespace lce
 }  // namespace lossrt
 

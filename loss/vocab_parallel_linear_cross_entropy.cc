@@ -97,34 +97,9 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
   p.tokens = in.hidden.dim(0);
   p.hidden = in.hidden.dim(1);
   p.local_vocab = in.weight.dim(0);
-  const int64_t n = p.tokens;
   const int64_t v = p.local_vocab;
-  if (p.hidden < 1) {
-    return InvalidArgument("hidden: the hidden size must be >= 1, got ",
-                           in.hidden.ShapeString());
-  }
-  RETURN_IF_ERROR(ce::CheckVocab(v, "weight"));
+  RETURN_IF_ERROR(lce::CheckOperands(in, p.tokens, p.hidden, v, context));
   RETURN_IF_ERROR(CheckSliceInVocab(p.slice(), "rows", "the weight"));
-  RETURN_IF_ERROR(CheckDType(
-      in.hidden, {DType::kF32, DType::kBF16, DType::kF16}, "hidden"));
-  RETURN_IF_ERROR(CheckShape(in.weight, {v, p.hidden}, "weight"));
-  if (in.weight.dtype != in.hidden.dtype) {
-    return InvalidArgument("weight: dtype ", DTypeName(in.weight.dtype),
-                           " differs from hidden's ",
-                           DTypeName(in.hidden.dtype));
-  }
-  RETURN_IF_ERROR(CheckShape(in.targets, {n}, "targets"));
-  RETURN_IF_ERROR(
-      CheckDType(in.targets, {DType::kI64, DType::kI32}, "targets"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.hidden, context, "hidden"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.weight, context, "weight"));
-  RETURN_IF_ERROR(ce::CheckOnContext(in.targets, context, "targets"));
-  if (in.bias.has_value()) {
-    RETURN_IF_ERROR(CheckShape(*in.bias, {v}, "bias"));
-    RETURN_IF_ERROR(
-        CheckDType(*in.bias, {DType::kF32, in.weight.dtype}, "bias"));
-    RETURN_IF_ERROR(ce::CheckOnContext(*in.bias, context, "bias"));
-  }
   const LinearCrossEntropyOptions& options = *p.options;
   if (options.max_workspace_bytes <= 0) {
     return InvalidArgument("max_workspace_bytes must be positive, got ",

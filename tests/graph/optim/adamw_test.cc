@@ -41,16 +41,12 @@ using test::FromHost;
 using test::MaxAbs;
 using test::PoisonedTensor;
 using test::RandomValues;
+using test::Rounded;
 using test::RoundTo;
 using test::TestSeed;
 using test::ToHost;
 
 // ASSERT_OK and ASSERT_OK_AND_ASSIGN come from tests/graph/op_test_util.h.
-
-std::vector<double> RoundAll(DType dtype, std::vector<double> values) {
-  for (double& value : values) value = RoundTo(dtype, value);
-  return values;
-}
 
 // ---- The double-precision reference (adamw_reference.h) ----
 
@@ -221,7 +217,7 @@ TEST_P(AdamWStepTest, MatchesDoubleReference) {
                                                       : 0.0f;
   const DType norm_dtype = c.dtype;
   Reference ref;
-  ref.params = RoundAll(c.dtype, RandomValues(n, seed, -1.0, 1.0));
+  ref.params = Rounded(c.dtype, RandomValues(n, seed, -1.0, 1.0));
   ref.m.assign(n, 0.0);
   ref.v.assign(n, 0.0);
   ASSERT_OK_AND_ASSIGN(Owned owned,
@@ -232,7 +228,7 @@ TEST_P(AdamWStepTest, MatchesDoubleReference) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     const double lr = 1e-2 / static_cast<double>(step);  // varies per step
     const std::vector<double> grads =
-        RoundAll(c.dtype, RandomValues(n, seed + step, -1.0, 1.0));
+        Rounded(c.dtype, RandomValues(n, seed + step, -1.0, 1.0));
     ASSERT_OK(SetGrads(*context, owned, grads));
     ASSERT_OK(PoisonCopy(*context, owned));
     const float lr_f = static_cast<float>(lr);
@@ -251,7 +247,7 @@ TEST_P(AdamWStepTest, MatchesDoubleReference) {
                            CountPoison(*context, owned.View(*owned.copy)));
       EXPECT_EQ(poisoned, 0);
       EXPECT_TRUE(
-          AllClose(out.copy, RoundAll(*c.copy_dtype, out.params), 0.0, 0.0));
+          AllClose(out.copy, Rounded(*c.copy_dtype, out.params), 0.0, 0.0));
     }
     // The norm the step wrote is the one GradientNorm gives.
     ASSERT_OK_AND_ASSIGN(OwnedTensor alone,
@@ -299,7 +295,7 @@ TEST(AdamWTest, DecayMaskBoundaryIsExact) {
                          Context::Create(device));
     const int64_t n = 1027;
     const std::vector<double> params =
-        RoundAll(DType::kF32, RandomValues(n, seed, 0.5, 2.0));
+        Rounded(DType::kF32, RandomValues(n, seed, 0.5, 2.0));
     for (int64_t decay_count :
          {int64_t{0}, int64_t{1}, int64_t{513}, int64_t{516}, n - 1, n}) {
       SCOPED_TRACE(
@@ -348,7 +344,7 @@ TEST(GradientNormTest, MatchesDoubleSum) {
         // Magnitudes spread over many octaves, some negative.
         std::vector<double> values = RandomValues(n, seed + n, -1.0, 1.0);
         for (int64_t i = 0; i < n; ++i) values[i] *= std::exp2(i % 20 - 10);
-        values = RoundAll(dtype, values);
+        values = Rounded(dtype, values);
         ASSERT_OK_AND_ASSIGN(OwnedTensor grads,
                              FromHost(*context, dtype, shape, values));
         ASSERT_OK_AND_ASSIGN(OwnedTensor norm,
@@ -424,7 +420,7 @@ TEST(AdamWParityTest, CpuMatchesGpu) {
       const int64_t n = 4 * 25000 + 1;
       const int64_t decay_count = 60001;
       const std::vector<double> params =
-          RoundAll(DType::kF32, RandomValues(n, seed, -1.0, 1.0));
+          Rounded(DType::kF32, RandomValues(n, seed, -1.0, 1.0));
       ASSERT_OK_AND_ASSIGN(
           Owned on_cpu, MakeState(*cpu, DType::kF32, DType::kF32, DType::kF32,
                                   params, offset));
@@ -436,7 +432,7 @@ TEST(AdamWParityTest, CpuMatchesGpu) {
       ASSERT_OK(gpu->ReserveWorkspace(AdamWWorkspaceBytes(gpu->device(), n)));
       for (int64_t step = 1; step <= 3; ++step) {
         const std::vector<double> grads =
-            RoundAll(DType::kF32, RandomValues(n, seed + step, -0.1, 0.1));
+            Rounded(DType::kF32, RandomValues(n, seed + step, -0.1, 0.1));
         ASSERT_OK(SetGrads(*cpu, on_cpu, grads));
         ASSERT_OK(SetGrads(*gpu, on_gpu, grads));
         ASSERT_OK(PoisonCopy(*cpu, on_cpu));
@@ -463,7 +459,7 @@ TEST(AdamWParityTest, CpuMatchesGpu) {
       ASSERT_OK_AND_ASSIGN(int64_t poisoned,
                            CountPoison(*gpu, on_gpu.View(*on_gpu.copy)));
       EXPECT_EQ(poisoned, 0);
-      EXPECT_TRUE(AllClose(g.copy, RoundAll(DType::kBF16, g.params), 0.0, 0.0));
+      EXPECT_TRUE(AllClose(g.copy, Rounded(DType::kBF16, g.params), 0.0, 0.0));
       EXPECT_TRUE(AllClose(c.copy, c.params, 0.0, 0.0));
     }
   }
@@ -477,9 +473,9 @@ TEST(AdamWParityTest, GpuIsReproducible) {
                        Context::Create(Device::Cuda(0)));
   const int64_t n = (int64_t{9} << 20) + 5;  // past the norm's block cap
   const std::vector<double> params =
-      RoundAll(DType::kF32, RandomValues(n, seed, -1.0, 1.0));
+      Rounded(DType::kF32, RandomValues(n, seed, -1.0, 1.0));
   const std::vector<double> grads =
-      RoundAll(DType::kF32, RandomValues(n, seed + 1, -1.0, 1.0));
+      Rounded(DType::kF32, RandomValues(n, seed + 1, -1.0, 1.0));
   std::vector<Readback> runs;
   for (int run = 0; run < 2; ++run) {
     ASSERT_OK_AND_ASSIGN(Owned owned, MakeState(*gpu, DType::kF32, DType::kBF16,
@@ -522,7 +518,7 @@ class AdamWInvalidTest : public ::testing::Test {
     EXPECT_NE(status.message().find(what), std::string::npos) << status;
     auto out = Read(*context_, owned_);
     ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_TRUE(AllClose(out->params, RoundAll(DType::kF32, params_), 0, 0));
+    EXPECT_TRUE(AllClose(out->params, Rounded(DType::kF32, params_), 0, 0));
     EXPECT_TRUE(AllClose(out->m, std::vector<double>(kN, 0.0), 0, 0));
     auto poisoned = CountPoison(*context_, owned_.norm.view);
     ASSERT_TRUE(poisoned.ok());
