@@ -73,10 +73,9 @@ ABSL_FLAG(bool, profile, true,
 ABSL_FLAG(int64_t, lce_workspace_mb, 1024,
           "Temporary-memory budget of the fused head (MiB).");
 ABSL_FLAG(bool, cuda_graph, true,
-          "Replay each step's forward and backward from a CUDA graph. A "
-          "replayed backward is one launch, so every gradient bucket goes "
-          "after it: --cuda_graph=false overlaps the buckets' all-reduces "
-          "with the backward.");
+          "Replay each step's forward and backward from a CUDA graph. With "
+          "NCCL and one micro-batch the gradient buckets' all-reduces are "
+          "captured into it, overlapping the backward as without a graph.");
 ABSL_FLAG(std::string, json, "", "Append one JSON line per head here.");
 ABSL_FLAG(int32_t, gpus, 1,
           "Data-parallel GPUs in this process, 1 to 1024: rank i on cuda:i, "

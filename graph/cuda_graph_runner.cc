@@ -24,13 +24,15 @@ Graph::~Graph() {
 #endif
 }
 
-absl::Status Graph::ForwardBackward(bool use_cuda_graph) {
+absl::Status Graph::ForwardBackward(
+    bool use_cuda_graph, const std::function<absl::Status()>& after_backward) {
   if (context_ == nullptr) {
     return absl::FailedPreconditionError("ForwardBackward before Compile");
   }
   if (!use_cuda_graph || !context_->device().is_cuda()) {
     RETURN_IF_ERROR(Forward(/*training=*/true));
-    return Backward();
+    RETURN_IF_ERROR(Backward());
+    return after_backward ? after_backward() : absl::OkStatus();
   }
 #ifdef LOSSRT_WITH_CUDA
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(*context_));
@@ -41,6 +43,7 @@ absl::Status Graph::ForwardBackward(bool use_cuda_graph) {
         cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     absl::Status status = Forward(/*training=*/true);
     if (status.ok()) status = Backward();
+    if (status.ok() && after_backward) status = after_backward();
     cudaGraph_t captured = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &captured);
     if (status.ok() && end != cudaSuccess) {

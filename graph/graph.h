@@ -236,7 +236,15 @@ class Graph {
   // the loss ops notice the capture themselves, skip their host checks and
   // count bad targets on the device (Context::TakeDeferredErrorCount), and ids
   // and targets are checked by SetInput.
-  absl::Status ForwardBackward(bool use_cuda_graph);
+  //
+  // `after_backward` (optional) runs after the backward, on the same terms:
+  // inside the capture when there is one (its work is then part of the graph
+  // and replays with it; e.g. collectives on another stream, forked from and
+  // joined back into the context's stream with events), and it is not called
+  // on replays.
+  absl::Status ForwardBackward(
+      bool use_cuda_graph,
+      const std::function<absl::Status()>& after_backward = nullptr);
   bool has_cuda_graph() const { return cuda_graph_exec_ != nullptr; }
   // The gradient of the loss fed to the heads: 1 / micro-batches when
   // accumulating.

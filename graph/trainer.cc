@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -321,11 +322,11 @@ absl::Status Trainer::ReduceGradients() {
   // their sum is the global-batch mean's gradient, the same bits on every
   // rank; [micro_batches]: each rank's mean losses, summed over the ranks.
   if (!options_.shard_optimizer_state) {
-    // The buckets the backward left (all of them after a CUDA graph), then
-    // the losses, written after the backward.
+    // The buckets the backward left (all of them after a CUDA graph that
+    // could not hold them), then the losses, written after the backward.
     RETURN_IF_ERROR(grads_ready_->Record(context));
     RETURN_IF_ERROR(grads_ready_->Wait(comm_context()));
-    RETURN_IF_ERROR(LaunchReadyBuckets(-1));
+    if (!buckets_in_graph_) RETURN_IF_ERROR(LaunchReadyBuckets(-1));
     RETURN_IF_ERROR(comm->AllReduce(losses_.view, losses_.view, ReduceOp::kSum,
                                     comm_context()));
     // The optimizer waits for the communication stream.
@@ -403,24 +404,53 @@ absl::Status Trainer::RunMicroBatch(absl::Span<const int32_t> ids,
   const bool use_graph =
       options_.cuda_graph && !cuda_graph_failed_ && step_ >= 1;
   // The last micro-batch's backward launches the buckets as it finishes
-  // them (not inside a CUDA graph, whose replay calls no observer).
-  const bool overlap = last && !use_graph && !buckets_.empty();
-  if (overlap) {
-    graph.set_node_observer([this](int node, bool backward, bool begin) {
-      return backward && !begin ? LaunchReadyBuckets(node) : absl::OkStatus();
-    });
+  // them. A CUDA graph replays without calling the observer, so with one the
+  // buckets overlap only when they can be captured into it: a capturable
+  // communicator, and one micro-batch (the graph replays for every
+  // micro-batch, and only the last may all-reduce).
+  const bool capture_buckets = use_graph && options_.micro_batches == 1 &&
+                               options_.communicator != nullptr &&
+                               options_.communicator->capturable() &&
+                               !buckets_.empty();
+  if (use_graph && graph.has_cuda_graph()) {
+    // A replay: the captured buckets (if any) run inside it.
+    buckets_in_graph_ = buckets_captured_;
+    RETURN_IF_ERROR(graph.ForwardBackward(true));
+  } else {
+    const bool overlap =
+        last && !buckets_.empty() && (!use_graph || capture_buckets);
+    if (overlap) {
+      graph.set_node_observer([this](int node, bool backward, bool begin) {
+        return backward && !begin ? LaunchReadyBuckets(node) : absl::OkStatus();
+      });
+    }
+    // The buckets left after the backward (parameters no node uses), and the
+    // communication stream joined back into the model's: inside the capture,
+    // so that the graph forks and joins it.
+    const std::function<absl::Status()> finish_buckets =
+        [this]() -> absl::Status {
+      RETURN_IF_ERROR(LaunchReadyBuckets(-1));
+      RETURN_IF_ERROR(comm_done_->Record(comm_context()));
+      return comm_done_->Wait(model_.graph().context());
+    };
+    absl::Status status = graph.ForwardBackward(
+        use_graph, capture_buckets ? finish_buckets : nullptr);
+    if (overlap) graph.set_node_observer(nullptr);
+    if (!status.ok() && use_graph && !graph.has_cuda_graph()) {
+      std::fprintf(stderr,
+                   "trainer: capturing a CUDA graph failed (%s); running the "
+                   "nodes one by one\n",
+                   status.ToString().c_str());
+      cuda_graph_failed_ = true;
+      // Whatever the failed capture "launched" never ran.
+      next_bucket_ = 0;
+      status = graph.ForwardBackward(false);
+    } else if (status.ok() && capture_buckets) {
+      buckets_captured_ = true;
+      buckets_in_graph_ = true;
+    }
+    RETURN_IF_ERROR(status);
   }
-  absl::Status status = graph.ForwardBackward(use_graph);
-  if (overlap) graph.set_node_observer(nullptr);
-  if (!status.ok() && use_graph && !graph.has_cuda_graph()) {
-    std::fprintf(stderr,
-                 "trainer: capturing a CUDA graph failed (%s); running the "
-                 "nodes one by one\n",
-                 status.ToString().c_str());
-    cuda_graph_failed_ = true;
-    status = graph.ForwardBackward(false);
-  }
-  RETURN_IF_ERROR(status);
   // Kept on the device: the step reads all micro-batches' losses at once, so
   // the host does not wait between micro-batches.
   const Tensor loss = graph.tensor(model_.loss());
@@ -472,6 +502,7 @@ absl::StatusOr<Trainer::StepStats> Trainer::StepLocal(
   RETURN_IF_ERROR(graph.ZeroGradients());
   StepStats stats;
   next_bucket_ = 0;
+  buckets_in_graph_ = false;
   for (int64_t k = 0; k < micro; ++k) {
     RETURN_IF_ERROR(RunMicroBatch(ids.subspan(k * rows, rows),
                                   targets.subspan(k * rows, rows), k,

@@ -29,8 +29,11 @@
 // on a communication stream that the trainer owns, ordered after the
 // backward's kernels and before the optimizer by events (created with the
 // trainer, never in a step); on the CPU the same calls run one after another.
-// A replayed CUDA graph (cuda_graph) runs the backward as one launch, so its
-// buckets all go after it. The buckets give the same bits as one all-reduce
+// With cuda_graph, the buckets are captured into the graph with the backward
+// (forked onto the communication stream and joined back by events inside the
+// capture) when the communicator is capturable (NCCL) and there is one
+// micro-batch; otherwise a replayed graph runs the backward as one launch and
+// the buckets all go after it. The buckets give the same bits as one all-reduce
 // of the whole buffer (a sum per element, in rank order). Clipping uses the
 // norm of the summed gradient and the reported loss is the global batch's.
 //
@@ -197,6 +200,10 @@ class Trainer {
   // Data parallel: the buckets in launch order and the next to launch.
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
+  // The CUDA graph holds the buckets' all-reduces (captured with them), and
+  // this step's replay ran them.
+  bool buckets_captured_ = false;
+  bool buckets_in_graph_ = false;
   std::unique_ptr<Context> comm_context_;  // GPU only
   std::unique_ptr<StreamEvent> grads_ready_, comm_done_;
   // ZeRO-1: the shard length n = ceil(count / world_size); padded gradients

@@ -43,6 +43,10 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Whether the collectives may be recorded into a CUDA graph (stream
+  // capture): they only enqueue device work on the context's stream, with no
+  // host wait on it. Backends that stage through the host cannot.
+  virtual bool capturable() const { return false; }
 
   // out = op over the ranks of in, on every rank. in and out: the same shape
   // and dtype; in may be out (in place), but may not overlap it otherwise.

@@ -62,6 +62,8 @@ class NcclCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  // NCCL's collectives are stream-ordered and may be captured.
+  bool capturable() const override { return true; }
   const Device& device() const { return device_; }
 
   // f32, bf16, f16, f64, i32 and i64; the context must be on device().

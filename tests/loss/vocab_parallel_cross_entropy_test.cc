@@ -285,7 +285,16 @@ absl::Status RunRank(Context& context, Communicator* comm, int r,
     in.grad = in.logits;
   } else {
     ASSIGN_OR_RETURN(in.logits, stage.In(host.logits));
-    ASSIGN_OR_RETURN(in.grad, stage.Out(host.grad));
+    if (Overlaps(host.grad, host.logits)) {
+      // A tampered grad that aliases the logits: staging copies each view on
+      // its own, so the same aliasing is rebuilt on the staged logits.
+      in.grad = in.logits;
+      in.grad.data = static_cast<char*>(in.logits.data) +
+                     (static_cast<const char*>(host.grad.data) -
+                      static_cast<const char*>(host.logits.data));
+    } else {
+      ASSIGN_OR_RETURN(in.grad, stage.Out(host.grad));
+    }
   }
   ASSIGN_OR_RETURN(in.targets, stage.In(host.targets));
   if (host.options.class_weights.has_value()) {
