@@ -4,7 +4,9 @@ Nothing is downloaded. `system_libraries` wraps Debian's static archives of Abse
 GoogleTest/GoogleMock so that binaries carry them (the GPU machine has none of Debian's
 libraries). `cuda_configure` finds the CUDA toolkit and writes `defs.bzl` with CUDA_ENABLED
 (and NCCL_ENABLED: whether the toolkit ships NCCL), so that the build degrades to CPU-only
-where there is no toolkit.
+where there is no toolkit. `cudnn_configure` pairs the toolkit's cuDNN 9 with the header-only
+cuDNN frontend (fetched by ./bazelw) and writes `defs.bzl` with CUDNN_ENABLED; without either
+its target is empty and the build has no cuDNN attention backend.
 """
 
 _LIB_DIRS = [
@@ -135,5 +137,115 @@ cc_library(
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
     environ = ["CUDA_PATH", "PATH"],
+    local = True,
+)
+
+# The cuDNN frontend release the cuDNN attention backend is written against (./bazelw fetches
+# it into the cache below); an older one counts as missing.
+_CUDNN_FRONTEND_VERSION = "1.32.0"
+
+def _words(line):
+    """The whitespace-separated words of `line` (Bazel 4's split() needs a separator)."""
+    return [w for w in line.replace("\t", " ").split(" ") if w]
+
+def _frontend_version(ctx, include):
+    """(major, minor) from cudnn_frontend_version.h under `include`, or None."""
+    header = include + "/cudnn_frontend_version.h"
+    if not ctx.path(header).exists:
+        return None
+    version = {}
+    for line in ctx.read(header).splitlines():
+        words = _words(line)
+        if len(words) == 3 and words[0] == "#define" and words[2].isdigit():
+            version[words[1]] = int(words[2])
+    major = version.get("CUDNN_FRONTEND_MAJOR_VERSION")
+    minor = version.get("CUDNN_FRONTEND_MINOR_VERSION")
+    if major == None or minor == None:
+        return None
+    return (major, minor)
+
+def _find_cudnn_frontend(ctx):
+    """The include folder of a cuDNN frontend >= _CUDNN_FRONTEND_VERSION, or None.
+
+    Looks in $CUDNN_FRONTEND_PATH (the folder holding cudnn_frontend.h, or the one above its
+    include/), then in ./bazelw's cache, ${XDG_CACHE_HOME:-$HOME/.cache}/lossrt/.
+    """
+    want = tuple([int(x) for x in _CUDNN_FRONTEND_VERSION.split(".")[:2]])
+    candidates = []
+    env = ctx.os.environ.get("CUDNN_FRONTEND_PATH", "")
+    if env:
+        candidates += [env, env + "/include"]
+    cache = ctx.os.environ.get("XDG_CACHE_HOME", "")
+    if not cache and ctx.os.environ.get("HOME", ""):
+        cache = ctx.os.environ["HOME"] + "/.cache"
+    if cache:
+        candidates.append("%s/lossrt/cudnn_frontend-%s/include" % (cache, _CUDNN_FRONTEND_VERSION))
+    for include in candidates:
+        if not ctx.path(include + "/cudnn_frontend.h").exists:
+            continue
+        version = _frontend_version(ctx, include)
+        if version != None and version >= want:
+            return include
+        print("cuDNN frontend at %s is %s, older than %s: not used" % (
+            include,
+            "%d.%d" % version if version else "of unknown version",
+            _CUDNN_FRONTEND_VERSION,
+        ))
+    return None
+
+def _cudnn_major(ctx, cuda):
+    """CUDNN_MAJOR from the toolkit's cudnn_version.h, or 0."""
+    header = cuda + "/include/cudnn_version.h"
+    if not ctx.path(header).exists:
+        return 0
+    for line in ctx.read(header).splitlines():
+        words = _words(line)
+        if len(words) == 3 and words[0] == "#define" and words[1] == "CUDNN_MAJOR" and words[2].isdigit():
+            return int(words[2])
+    return 0
+
+def _cudnn_configure_impl(ctx):
+    ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
+    cuda = _find_cuda(ctx)
+    frontend = _find_cudnn_frontend(ctx)
+    missing = []
+    if not cuda:
+        missing.append("no CUDA toolkit")
+    elif _cudnn_major(ctx, cuda) < 9 or not ctx.path(cuda + "/lib64/libcudnn.so").exists:
+        missing.append("no cuDNN 9 (include/cudnn_version.h, lib64/libcudnn.so) in the toolkit at " + cuda)
+    if not frontend:
+        missing.append("no cuDNN frontend >= %s ($CUDNN_FRONTEND_PATH, or ./bazelw's cache)" % _CUDNN_FRONTEND_VERSION)
+    if missing:
+        ctx.file("defs.bzl", "CUDNN_ENABLED = False\n")
+        ctx.file("BUILD.bazel", """# Generated: {why}. The cuDNN backend is left out.
+package(default_visibility = ["//visibility:public"])
+
+cc_library(name = "cudnn_frontend")
+""".format(why = "; ".join(missing)))
+        return
+    # Named include/: the frontend's headers include each other as "../include/<name>".
+    ctx.symlink(frontend, "frontend/include")
+    lib = cuda + "/lib64"
+    ctx.file("defs.bzl", "CUDNN_ENABLED = True\nCUDNN_FRONTEND_INCLUDE = \"%s\"\n" % frontend)
+    ctx.file("BUILD.bazel", """# Generated from the cuDNN frontend at {frontend} and the cuDNN of {cuda}.
+package(default_visibility = ["//visibility:public"])
+
+# The header-only cuDNN frontend (its headers as system headers: no warnings from them) and
+# cuDNN itself, dynamic like cuBLAS (libcudnn.so.9 loads its engine libraries on demand);
+# defines LOSSRT_WITH_CUDNN for dependents. Depend on it only from the one file that includes
+# the frontend (graph/ops/attention_cudnn.cc): its headers take long to compile.
+cc_library(
+    name = "cudnn_frontend",
+    hdrs = glob(["frontend/include/**/*.h", "frontend/include/**/*.hpp"]),
+    defines = ["LOSSRT_WITH_CUDNN=1"],
+    includes = ["frontend/include"],
+    linkopts = ["-L{lib}", "-lcudnn", "-Wl,-rpath,{lib}"],
+    deps = ["@local_cuda//:cudart"],
+)
+""".format(frontend = frontend, cuda = cuda, lib = lib))
+
+cudnn_configure = repository_rule(
+    implementation = _cudnn_configure_impl,
+    environ = ["CUDA_PATH", "PATH", "CUDNN_FRONTEND_PATH", "HOME", "XDG_CACHE_HOME"],
     local = True,
 )
