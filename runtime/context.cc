@@ -1,4 +1,5 @@
-// Context: lazily created CUDA stream, cuBLAS/cuBLASLt handles and workspaces.
+// Context: lazily created CUDA stream, cuBLAS/cuBLASLt handles and workspaces,
+// and other libraries' per-context resources.
 #include "runtime/context.h"
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::CreateWithStream(
 }
 
 Context::~Context() {
+  DestroyResources();
   gemm_runner_.reset();
   runners_.clear();
   gemm_tuning_.reset();
@@ -80,6 +82,33 @@ Context::~Context() {
       cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 #endif
+}
+
+ContextResource* Context::FindResource(std::type_index type) const {
+  for (const auto& [stored, resource] : resources_) {
+    if (stored == type) return resource.get();
+  }
+  return nullptr;
+}
+
+void Context::AddResource(std::type_index type,
+                          std::unique_ptr<ContextResource> resource) {
+  resources_.emplace_back(type, std::move(resource));
+}
+
+void Context::DestroyResources() {
+#ifdef LOSSRT_WITH_CUDA
+  if (device_.is_cuda() && !resources_.empty()) {
+    // A resource may hold objects that queued work still uses (a cuDNN
+    // handle's buffers): wait for the stream, and destroy on the device.
+    auto scoped = ScopedDevice::Enter(device_.ordinal);
+    if (stream_ != nullptr)
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    while (!resources_.empty()) resources_.pop_back();
+    return;
+  }
+#endif
+  while (!resources_.empty()) resources_.pop_back();
 }
 
 absl::StatusOr<void*> Context::stream() {

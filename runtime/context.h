@@ -11,11 +11,17 @@
 //
 // The header is CUDA-free: streams and handles cross it as opaque pointers;
 // code built with CUDA reaches them typed through runtime/cuda_context.h.
+// Libraries that runtime/ does not link (cuDNN) keep their per-context state in
+// the context's resources (ContextResource, Context::GetOrCreateResource).
 #ifndef LOSSRT_RUNTIME_CONTEXT_H_
 #define LOSSRT_RUNTIME_CONTEXT_H_
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+#include <typeindex>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +33,16 @@ namespace lossrt {
 
 class GemmRunner;  // runtime/cuda_gemm.h
 class GemmTuning;
+
+// State that another library keeps per context (the cuDNN attention backend's
+// handle and built graphs), owned by the context: see
+// Context::GetOrCreateResource. The context destroys its resources first,
+// newest first, after the work queued on its stream has finished and with its
+// device current, so a destructor may free device objects bound to the stream.
+class ContextResource {
+ public:
+  virtual ~ContextResource() = default;
+};
 
 class Context {
  public:
@@ -87,6 +103,17 @@ class Context {
   // Waits until all work queued on the context's stream is done.
   absl::Status Synchronize();
 
+  // The context's resource of type T (a ContextResource), one per type: made by
+  // `make()`, which returns absl::StatusOr<std::unique_ptr<T>>, on the first
+  // call, and the same object on every later call (`make` is then not called).
+  // A failed make() stores nothing, so a later call tries again.
+  //
+  //   ASSIGN_OR_RETURN(CudnnState * state,
+  //                    context.GetOrCreateResource<CudnnState>(
+  //                        [&] { return CudnnState::Create(context); }));
+  template <typename T, typename Make>
+  absl::StatusOr<T*> GetOrCreateResource(Make&& make);
+
  private:
   // Typed access to the CUDA internals below, for code built with the CUDA
   // toolkit (declared and documented in runtime/cuda_context.h).
@@ -101,6 +128,12 @@ class Context {
 
   explicit Context(Device device);
   absl::Status CreateDeferredErrorCount();
+  // The resource stored under `type`, or nullptr.
+  ContextResource* FindResource(std::type_index type) const;
+  void AddResource(std::type_index type,
+                   std::unique_ptr<ContextResource> resource);
+  // Destroys the resources (newest first) after the stream's work.
+  void DestroyResources();
 
   Device device_;
   Allocator allocator_;
@@ -129,7 +162,29 @@ class Context {
   // Pinned host memory, written by the device (created with the stream).
   int64_t* deferred_errors_ = nullptr;
   Buffer workspace_;
+  // Other libraries' state (GetOrCreateResource), in order of creation.
+  std::vector<std::pair<std::type_index, std::unique_ptr<ContextResource>>>
+      resources_;
 };
+
+template <typename T, typename Make>
+absl::StatusOr<T*> Context::GetOrCreateResource(Make&& make) {
+  static_assert(std::is_base_of<ContextResource, T>::value,
+                "a context resource derives from ContextResource");
+  const std::type_index type(typeid(T));
+  if (ContextResource* found = FindResource(type)) {
+    return static_cast<T*>(found);
+  }
+  absl::StatusOr<std::unique_ptr<T>> made = std::forward<Make>(make)();
+  if (!made.ok()) return made.status();
+  if (*made == nullptr) {
+    return absl::InternalError(
+        "Context::GetOrCreateResource: make() returned no resource");
+  }
+  T* resource = made->get();
+  AddResource(type, std::move(*made));
+  return resource;
+}
 
 }  // namespace lossrt
 

@@ -1,12 +1,14 @@
 // Tests of runtime/context.h: a CPU context (no stream or handles, a growing
 // host workspace), creation errors for missing GPUs, a GPU context's lazily
-// created stream, cuBLAS handles and workspaces where a GPU is usable, and two
-// contexts side by side.
+// created stream, cuBLAS handles and workspaces where a GPU is usable, two
+// contexts side by side, and other libraries' resources kept by a context.
 #include "runtime/context.h"
 
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -126,6 +128,72 @@ TEST(ContextTest, TwoCpuContextsAreIndependent) {
   absl::StatusOr<void*> grown = b->Workspace(1 << 20);
   ASSERT_TRUE(grown.ok()) << grown.status();
   EXPECT_EQ(b->workspace_bytes(), 1 << 20);
+}
+
+// Resources that record their destruction in a shared log.
+class LoggedResource : public ContextResource {
+ public:
+  LoggedResource(std::string name, std::vector<std::string>* log)
+      : name_(std::move(name)), log_(log) {}
+  ~LoggedResource() override { log_->push_back(name_); }
+
+ private:
+  std::string name_;
+  std::vector<std::string>* log_;
+};
+class FirstResource final : public LoggedResource {
+  using LoggedResource::LoggedResource;
+};
+class SecondResource final : public LoggedResource {
+  using LoggedResource::LoggedResource;
+};
+
+TEST(ContextResourceTest, OnePerTypeMadeOnceAndDestroyedNewestFirst) {
+  std::vector<std::string> destroyed;
+  std::unique_ptr<Context> context = MakeContext(Device::Cpu());
+  ASSERT_NE(context, nullptr);
+  int makes = 0;
+  auto make_first = [&]() -> absl::StatusOr<std::unique_ptr<FirstResource>> {
+    ++makes;
+    return std::make_unique<FirstResource>("first", &destroyed);
+  };
+  absl::StatusOr<FirstResource*> first =
+      context->GetOrCreateResource<FirstResource>(make_first);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_NE(*first, nullptr);
+  absl::StatusOr<FirstResource*> again =
+      context->GetOrCreateResource<FirstResource>(make_first);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(makes, 1);
+
+  // Another type is another slot; a failed make stores nothing.
+  absl::StatusOr<SecondResource*> failed =
+      context->GetOrCreateResource<SecondResource>(
+          []() -> absl::StatusOr<std::unique_ptr<SecondResource>> {
+            return absl::UnavailableError("not now");
+          });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<SecondResource*> second =
+      context->GetOrCreateResource<SecondResource>(
+          [&]() -> absl::StatusOr<std::unique_ptr<SecondResource>> {
+            return std::make_unique<SecondResource>("second", &destroyed);
+          });
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(static_cast<void*>(*second), static_cast<void*>(*first));
+  // A make that returns no object is an error, not an empty slot.
+  std::unique_ptr<Context> other = MakeContext(Device::Cpu());
+  ASSERT_NE(other, nullptr);
+  absl::StatusOr<FirstResource*> null_made =
+      other->GetOrCreateResource<FirstResource>(
+          []() -> absl::StatusOr<std::unique_ptr<FirstResource>> {
+            return std::unique_ptr<FirstResource>();
+          });
+  EXPECT_EQ(null_made.status().code(), absl::StatusCode::kInternal);
+
+  EXPECT_TRUE(destroyed.empty());
+  context.reset();
+  EXPECT_EQ(destroyed, (std::vector<std::string>{"second", "first"}));
 }
 
 class GpuContextTest : public ::testing::Test {
