@@ -1,8 +1,8 @@
 // The causal attention op: argument checks (all before anything is written),
 // the CPU implementation (Eigen products per (batch, head) and block of 64
 // queries, which only reads the keys the block can see), and the GPU dispatch
-// to the flash kernels or to cuBLAS strided-batched GEMMs around softmax
-// kernels.
+// to the flash kernels, to cuDNN's fused attention (attention_cudnn.h) or to
+// cuBLAS strided-batched GEMMs around softmax kernels.
 #include "graph/ops/attention.h"
 
 #include <Eigen/Core>
@@ -10,8 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 
 #include "absl/status/statusor.h"
+#include "graph/ops/attention_cudnn.h"
+#include "graph/ops/elementwise.h"
 #include "graph/ops/op_checks.h"
 #include "runtime/int_math.h"
 #include "runtime/status.h"
@@ -108,6 +111,7 @@ absl::Status CheckOptions(const CausalAttentionOptions& options) {
     case AttentionKernel::kAuto:
     case AttentionKernel::kCublas:
     case AttentionKernel::kFlash:
+    case AttentionKernel::kCudnn:
       return absl::OkStatus();
   }
   return InvalidArgument("attention: unknown kernel ",
@@ -271,17 +275,61 @@ void BackwardCpu(const Dims& d, const T* qkv, const T* out, const T* lse,
 // ---------------------------------------------------------------------------
 // GPU.
 
-bool UseFlash(const CausalAttentionOptions& options, DType dtype,
-              bool aligned) {
-  switch (options.kernel) {
-    case AttentionKernel::kFlash:
-      return true;
-    case AttentionKernel::kCublas:
-      return false;
-    case AttentionKernel::kAuto:
-      break;
+// kAuto's kernel for bf16 tensors with 16-byte aligned data, which both fused
+// kernels need: kFlash. kCudnn is the candidate measured against it; making
+// kAuto prefer cuDNN is this one line (a build without cuDNN then stays on
+// kFlash, and the workspace sizes follow).
+constexpr AttentionKernel kAutoFusedKernel = AttentionKernel::kFlash;
+
+// cuDNN's SDPA refuses a single token (s_q = s_kv = 1).
+constexpr int64_t kMinCudnnSeq = 2;
+
+// The kernel that runs: options.kernel, or kAuto's pick for the dtype, the
+// sequence length and whether the tensors (`aligned`) and lse (`lse_aligned`,
+// which only cuDNN needs aligned) start on 16 bytes.
+AttentionKernel ResolveKernel(const CausalAttentionOptions& options,
+                              DType dtype, int64_t seq, bool aligned,
+                              bool lse_aligned) {
+  if (options.kernel != AttentionKernel::kAuto) return options.kernel;
+  if (dtype != DType::kBF16 || !aligned) return AttentionKernel::kCublas;
+  if (kAutoFusedKernel == AttentionKernel::kCudnn &&
+      (!attention_cudnn::CheckBuiltWithCudnn().ok() || !lse_aligned ||
+       seq < kMinCudnnSeq)) {
+    return AttentionKernel::kFlash;
   }
-  return dtype == DType::kBF16 && aligned;
+  return kAutoFusedKernel;
+}
+
+attention_cudnn::Shape CudnnShapeOf(const Dims& d) {
+  attention_cudnn::Shape shape;
+  shape.batch = d.batch;
+  shape.seq = d.seq;
+  shape.heads = d.heads;
+  shape.head_dim = d.head_dim;
+  return shape;
+}
+
+// The cuDNN path's own scratch: with accumulate, cuDNN writes the gradient to a
+// [rows, 3C] bf16 buffer after its workspace, which is then added to d_qkv
+// (cuDNN's backward cannot add to its outputs).
+int64_t CudnnAccumulateBytes(const Dims& d) {
+  return RoundUp(d.rows() * 3 * d.channels * 2, kAlign);
+}
+
+// An estimate of cuDNN's workspace for the Device overloads, which have no
+// cuDNN handle to ask (the GPU tests check it against the exact figure). On
+// sm_90 the deterministic backward keeps dP in bf16 for the whole square,
+// queries padded to 64 and keys to 128, plus a float per query row (cuDNN 9.19
+// asks exactly that); the forward needs less. The estimate adds an f32 dQ
+// accumulator, more row statistics and 1 MiB for other versions' layouts.
+int64_t CudnnWorkspaceEstimate(const Dims& d) {
+  const int64_t groups = d.groups();
+  const int64_t seq64 = RoundUp(d.seq, int64_t{64});
+  const int64_t seq128 = RoundUp(d.seq, int64_t{128});
+  const int64_t dp = groups * seq64 * seq128 * 2;
+  const int64_t dq_accumulator = groups * seq128 * d.head_dim * 4;
+  const int64_t row_stats = 4 * groups * seq128 * 4;
+  return RoundUp(dp + dq_accumulator + row_stats, kAlign) + (int64_t{1} << 20);
 }
 
 // The cuBLAS path's chunking: `chunk` (batch, head) pairs at a time, each
@@ -526,24 +574,69 @@ absl::Status CublasBackward(Context& context, cudaStream_t stream,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> ChooseFlash(const CausalAttentionOptions& options,
-                                 DType dtype,
-                                 std::initializer_list<const Tensor*> tensors) {
+// The kernel for these tensors (lse apart: only cuDNN needs it aligned), or
+// why the one asked for cannot take them.
+absl::StatusOr<AttentionKernel> ChooseKernel(
+    const CausalAttentionOptions& options, DType dtype, int64_t seq,
+    std::initializer_list<const Tensor*> tensors, const Tensor& lse) {
   bool aligned = true;
   for (const Tensor* tensor : tensors) aligned &= Aligned16(tensor->data);
-  const bool flash = UseFlash(options, dtype, aligned);
-  if (flash && (dtype != DType::kBF16 || !aligned)) {
+  const bool lse_aligned = Aligned16(lse.data);
+  const AttentionKernel kernel =
+      ResolveKernel(options, dtype, seq, aligned, lse_aligned);
+  if (kernel == AttentionKernel::kFlash &&
+      (dtype != DType::kBF16 || !aligned)) {
     return InvalidArgument(
         "attention: the flash kernel needs bf16 tensors with 16-byte aligned "
         "data, got ",
         DTypeName(dtype), aligned ? "" : " (misaligned)");
   }
-  return flash;
+  if (kernel == AttentionKernel::kCudnn) {
+    if (dtype != DType::kBF16 || !aligned || !lse_aligned) {
+      return InvalidArgument(
+          "attention: the cuDNN kernel needs bf16 tensors with 16-byte "
+          "aligned data (lse included), got ",
+          DTypeName(dtype), aligned && lse_aligned ? "" : " (misaligned)");
+    }
+    if (seq < kMinCudnnSeq) {
+      return InvalidArgument("attention: the cuDNN kernel needs seq >= ",
+                             kMinCudnnSeq, ", got ", seq);
+    }
+    RETURN_IF_ERROR(attention_cudnn::CheckBuiltWithCudnn());
+  }
+  return kernel;
 }
 
 #endif  // LOSSRT_WITH_CUDA
 
 }  // namespace
+
+const char* AttentionKernelName(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kAuto:
+      return "auto";
+    case AttentionKernel::kCublas:
+      return "cublas";
+    case AttentionKernel::kFlash:
+      return "flash";
+    case AttentionKernel::kCudnn:
+      return "cudnn";
+  }
+  return "unknown";
+}
+
+absl::Status AttentionKernelBuilt(AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kAuto) return absl::OkStatus();
+  if (!BuiltWithCuda()) {
+    return absl::UnimplementedError(
+        absl::StrCat("attention: the ", AttentionKernelName(kernel),
+                     " kernel needs a build with CUDA"));
+  }
+  if (kernel == AttentionKernel::kCudnn) {
+    return attention_cudnn::CheckBuiltWithCudnn();
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
                                     int64_t batch, int64_t seq, int64_t heads,
@@ -576,12 +669,20 @@ absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
   }
 
 #ifdef LOSSRT_WITH_CUDA
-  ASSIGN_OR_RETURN(const bool flash,
-                   ChooseFlash(options, qkv.dtype, {&qkv, &out}));
+  ASSIGN_OR_RETURN(const AttentionKernel kernel,
+                   ChooseKernel(options, qkv.dtype, d.seq, {&qkv, &out}, lse));
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
+  if (kernel == AttentionKernel::kCudnn) {
+    const attention_cudnn::Shape shape = CudnnShapeOf(d);
+    ASSIGN_OR_RETURN(const int64_t bytes,
+                     attention_cudnn::ForwardWorkspaceBytes(context, shape));
+    ASSIGN_OR_RETURN(void* workspace, context.Workspace(bytes));
+    return attention_cudnn::Forward(context, shape, qkv.data, out.data,
+                                    lse.data_as<float>(), workspace);
+  }
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  if (flash) {
+  if (kernel == AttentionKernel::kFlash) {
     attention::FlashArgs args;
     args.qkv = qkv.data;
     args.out = out.data;
@@ -645,12 +746,38 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
   }
 
 #ifdef LOSSRT_WITH_CUDA
-  ASSIGN_OR_RETURN(const bool flash, ChooseFlash(options, qkv.dtype,
-                                                 {&qkv, &out, &d_out, &d_qkv}));
+  ASSIGN_OR_RETURN(const AttentionKernel kernel,
+                   ChooseKernel(options, qkv.dtype, d.seq,
+                                {&qkv, &out, &d_out, &d_qkv}, lse));
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
+  if (kernel == AttentionKernel::kCudnn) {
+    const attention_cudnn::Shape shape = CudnnShapeOf(d);
+    ASSIGN_OR_RETURN(const int64_t cudnn_bytes,
+                     attention_cudnn::BackwardWorkspaceBytes(context, shape));
+    const int64_t cudnn_share = RoundUp(cudnn_bytes, kAlign);
+    ASSIGN_OR_RETURN(
+        void* workspace,
+        context.Workspace(cudnn_share +
+                          (accumulate ? CudnnAccumulateBytes(d) : 0)));
+    if (!accumulate) {
+      return attention_cudnn::Backward(context, shape, qkv.data, out.data,
+                                       lse.data_as<float>(), d_out.data,
+                                       d_qkv.data, workspace);
+    }
+    // [rows, 3C] bf16 after cuDNN's share.
+    void* gradient = static_cast<char*>(workspace) + cudnn_share;
+    RETURN_IF_ERROR(attention_cudnn::Backward(context, shape, qkv.data,
+                                              out.data, lse.data_as<float>(),
+                                              d_out.data, gradient, workspace));
+    return AccumulateInto(
+        context,
+        Tensor::Of(gradient, DType::kBF16, {d.rows(), 3 * d.channels},
+                   context.device()),
+        d_qkv, /*accumulate=*/true);
+  }
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
-  if (flash) {
+  if (kernel == AttentionKernel::kFlash) {
     const int64_t delta_bytes = RoundUp(d.groups() * d.seq * 4, kAlign);
     ASSIGN_OR_RETURN(void* workspace, context.Workspace(FlashBackwardBytes(d)));
     float* delta = static_cast<float*>(workspace);  // [batch, heads, seq]
@@ -687,27 +814,88 @@ int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
                                        head_dim, CausalAttentionOptions());
 }
 
-int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
-                                      int64_t batch, int64_t seq, int64_t heads,
-                                      int64_t head_dim,
-                                      const CausalAttentionOptions& options) {
+namespace {
+
+// The sizes of a workspace query, or nothing for nonsensical arguments.
+std::optional<Dims> WorkspaceDims(int64_t batch, int64_t seq, int64_t heads,
+                                  int64_t head_dim,
+                                  const CausalAttentionOptions& options) {
   if (batch < 1 || seq < 1 || heads < 1 || head_dim < 1 ||
       batch > kMaxKernelElements || seq > kMaxKernelElements ||
       heads > kMaxKernelElements || head_dim > kMaxKernelElements ||
       batch * seq > kMaxKernelElements ||
       heads * head_dim > kMaxKernelElements || options.cublas_chunk_bytes < 1) {
-    return 0;
+    return std::nullopt;
   }
-  if (device.is_cpu()) return CpuWorkspaceBytes(dtype, seq);
   Dims d;
   d.batch = batch;
   d.seq = seq;
   d.heads = heads;
   d.head_dim = head_dim;
   d.channels = heads * head_dim;
-  if (UseFlash(options, dtype, /*aligned=*/true)) return FlashBackwardBytes(d);
+  return d;
+}
+
+// The GPU workspace of a kernel; for kCudnn `cudnn_bytes`, cuDNN's own need.
+int64_t GpuWorkspaceBytes(const Dims& d, DType dtype, AttentionKernel kernel,
+                          const CausalAttentionOptions& options,
+                          int64_t cudnn_bytes) {
+  switch (kernel) {
+    case AttentionKernel::kFlash:
+      return FlashBackwardBytes(d);
+    case AttentionKernel::kCudnn:
+      return RoundUp(cudnn_bytes, kAlign) + CudnnAccumulateBytes(d);
+    default:
+      break;
+  }
   const CublasPlan plan = MakeCublasPlan(d, dtype, options.cublas_chunk_bytes);
   return std::max(plan.forward_bytes, plan.backward_bytes);
+}
+
+}  // namespace
+
+int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
+                                      int64_t batch, int64_t seq, int64_t heads,
+                                      int64_t head_dim,
+                                      const CausalAttentionOptions& options) {
+  const std::optional<Dims> d =
+      WorkspaceDims(batch, seq, heads, head_dim, options);
+  if (!d.has_value()) return 0;
+  if (device.is_cpu()) return CpuWorkspaceBytes(dtype, seq);
+  const AttentionKernel kernel = ResolveKernel(
+      options, dtype, seq, /*aligned=*/true, /*lse_aligned=*/true);
+  return GpuWorkspaceBytes(
+      *d, dtype, kernel, options,
+      kernel == AttentionKernel::kCudnn ? CudnnWorkspaceEstimate(*d) : 0);
+}
+
+absl::StatusOr<int64_t> CausalAttentionWorkspaceBytes(
+    Context& context, DType dtype, int64_t batch, int64_t seq, int64_t heads,
+    int64_t head_dim, const CausalAttentionOptions& options) {
+  const std::optional<Dims> d =
+      WorkspaceDims(batch, seq, heads, head_dim, options);
+  const AttentionKernel kernel = ResolveKernel(
+      options, dtype, seq, /*aligned=*/true, /*lse_aligned=*/true);
+  // Only shapes that the cuDNN path takes build graphs; the others get the
+  // Device overload's answer (the op refuses them anyway).
+  if (!d.has_value() || context.device().is_cpu() ||
+      kernel != AttentionKernel::kCudnn || dtype != DType::kBF16 ||
+      head_dim % 8 != 0 || head_dim > kMaxGpuHeadDim || seq < kMinCudnnSeq) {
+    return CausalAttentionWorkspaceBytes(context.device(), dtype, batch, seq,
+                                         heads, head_dim, options);
+  }
+  RETURN_IF_ERROR(attention_cudnn::CheckBuiltWithCudnn());
+#ifdef LOSSRT_WITH_CUDA
+  ASSIGN_OR_RETURN(ScopedDevice scoped,
+                   ScopedDevice::Enter(context.device().ordinal));
+#endif
+  const attention_cudnn::Shape shape = CudnnShapeOf(*d);
+  ASSIGN_OR_RETURN(const int64_t forward,
+                   attention_cudnn::ForwardWorkspaceBytes(context, shape));
+  ASSIGN_OR_RETURN(const int64_t backward,
+                   attention_cudnn::BackwardWorkspaceBytes(context, shape));
+  return GpuWorkspaceBytes(*d, dtype, kernel, options,
+                           std::max(forward, backward));
 }
 
 }  // namespace ops

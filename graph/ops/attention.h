@@ -19,6 +19,17 @@
 //     for the scores and products plus softmax kernels, over chunks of
 //     (batch, head) pairs whose [seq, seq] score matrices fit
 //     `cublas_chunk_bytes` of workspace (at least one pair per chunk).
+//   - kCudnn (bf16 only, 16-byte aligned tensors, lse included, seq >= 2):
+//     cuDNN's fused attention (cuDNN frontend SDPA graphs; deterministic
+//     backward), reading and writing the op's tensors in place; its workspace
+//     is cuDNN's (the deterministic backward keeps dP for the causal square)
+//     plus, for the accumulating backward, a [rows, 3C] bf16 gradient. The
+//     context keeps the cuDNN handle and each shape's graphs, built on the
+//     shape's first call (a shape seen before a CUDA graph capture runs inside
+//     one without allocating). Its lse is the same log-sum-exp as the other
+//     kernels': a forward and a backward of different kernels combine.
+//     Unimplemented in builds without cuDNN and its frontend headers (see
+//     third_party/repositories.bzl).
 //   - kAuto (default): kFlash where it applies, else kCublas.
 //
 //   RETURN_IF_ERROR(context.ReserveWorkspace(CausalAttentionWorkspaceBytes(
@@ -31,6 +42,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -39,11 +51,19 @@
 namespace lossrt {
 namespace ops {
 
-enum class AttentionKernel { kAuto, kCublas, kFlash };
+enum class AttentionKernel { kAuto, kCublas, kFlash, kCudnn };
+
+// "auto", "cublas", "flash", "cudnn" (flags and tables).
+const char* AttentionKernelName(AttentionKernel kernel);
+
+// OK where this build has `kernel`: the GPU kernels need CUDA, kCudnn also
+// cuDNN 9 and the cuDNN frontend headers at build time (kAuto is always there:
+// it picks among the others). Otherwise Unimplemented, saying what was missing.
+absl::Status AttentionKernelBuilt(AttentionKernel kernel);
 
 struct CausalAttentionOptions {
-  // Which GPU implementation runs (ignored on the CPU). kFlash where it does
-  // not apply (f32, misaligned tensors) is an InvalidArgument.
+  // Which GPU implementation runs (ignored on the CPU). kFlash or kCudnn where
+  // it does not apply (f32, misaligned tensors) is an InvalidArgument.
   AttentionKernel kernel = AttentionKernel::kAuto;
   // Workspace budget of the cuBLAS path's score chunks (bytes; >= 1).
   int64_t cublas_chunk_bytes = int64_t{1} << 30;
@@ -80,7 +100,9 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
 // Scratch bytes the forward and backward take from context.Workspace (the
 // larger of the two), so the caller can reserve it before the hot path. For
 // kAuto it assumes 16-byte aligned tensors (as the Allocator gives). 0 for
-// nonsensical arguments.
+// nonsensical arguments. For kCudnn, whose workspace only cuDNN can tell, the
+// Device overloads give an estimate that covers cuDNN 9 on sm_90 (checked by
+// the GPU tests); the Context overload below gives the exact figure.
 int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
                                       int64_t batch, int64_t seq, int64_t heads,
                                       int64_t head_dim);
@@ -88,6 +110,14 @@ int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
                                       int64_t batch, int64_t seq, int64_t heads,
                                       int64_t head_dim,
                                       const CausalAttentionOptions& options);
+// The same, exact for kCudnn (and for kAuto should it pick kCudnn): builds the
+// shape's cuDNN graphs on `context`, as the shape's first call would (the calls
+// then reuse them), and asks cuDNN for their workspace. Errors are those of
+// building the graphs (cuDNN not built in: Unimplemented).
+absl::StatusOr<int64_t> CausalAttentionWorkspaceBytes(
+    Context& context, DType dtype, int64_t batch, int64_t seq, int64_t heads,
+    int64_t head_dim,
+    const CausalAttentionOptions& options = CausalAttentionOptions());
 
 }  // namespace ops
 }  // namespace lossrt

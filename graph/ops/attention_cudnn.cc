@@ -1,0 +1,515 @@
+// The cuDNN backend of the causal attention op (attention_cudnn.h): cuDNN
+// frontend SDPA graphs (forward with softmax stats, deterministic backward)
+// over strided views of the op's tensors, a per-context cache of the built
+// graphs, and the conversion of cuDNN and frontend errors into absl::Status.
+// The only file that includes the cuDNN frontend.
+#include "graph/ops/attention_cudnn.h"
+
+#ifdef LOSSRT_WITH_CUDNN
+
+// The frontend without its JSON library: graph serialization is not used, and
+// the header compiles faster.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cuda_runtime.h>
+#include <cudnn.h>
+// The frontend's experimental sm100 RMSNorm+SiLU engine compiles kernels with
+// NVRTC, which its graphs reference although SDPA graphs never reach it: weak
+// references keep libnvrtc out of the link (they resolve to null; any
+// libnvrtc in the link would take precedence).
+#include <nvrtc.h>
+#pragma weak nvrtcCreateProgram
+#pragma weak nvrtcCompileProgram
+#pragma weak nvrtcGetProgramLogSize
+#pragma weak nvrtcGetProgramLog
+#pragma weak nvrtcDestroyProgram
+#pragma weak nvrtcGetCUBINSize
+#pragma weak nvrtcGetCUBIN
+
+#include <cudnn_frontend.h>
+
+#include <array>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda_context.h"
+#include "runtime/cuda_status.h"
+#include "runtime/status.h"
+
+static_assert(CUDNN_MAJOR >= 9, "the cuDNN attention backend needs cuDNN 9");
+static_assert(CUDNN_FRONTEND_VERSION >= 13200,
+              "the cuDNN attention backend needs cuDNN frontend 1.32 or later");
+
+namespace lossrt {
+namespace ops {
+namespace attention_cudnn {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+absl::Status CudnnStatus(cudnnStatus_t status, const char* call,
+                         const char* file, int line) {
+  char detail[512] = "";
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  std::string message =
+      absl::StrCat(call, " failed: ", cudnnGetErrorString(status), " (",
+                   static_cast<int>(status), ") at ", file, ":", line);
+  if (detail[0] != '\0') absl::StrAppend(&message, ": ", detail);
+  switch (static_cast<int>(status) / 1000) {  // cuDNN 9's status classes
+    case 1:  // not initialized, sub-library missing or mismatched
+      return absl::UnavailableError(message);
+    case 2:
+      return absl::InvalidArgumentError(message);
+    case 3:
+      return absl::UnimplementedError(message);
+    default:
+      if (status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+          status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
+        return absl::ResourceExhaustedError(message);
+      }
+      return absl::InternalError(message);
+  }
+}
+
+const char* FrontendCodeName(fe::error_code_t code) {
+  switch (code) {
+    case fe::error_code_t::OK:
+      return "OK";
+    case fe::error_code_t::ATTRIBUTE_NOT_SET:
+      return "ATTRIBUTE_NOT_SET";
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
+      return "SHAPE_DEDUCTION_FAILED";
+    case fe::error_code_t::INVALID_TENSOR_NAME:
+      return "INVALID_TENSOR_NAME";
+    case fe::error_code_t::INVALID_VARIANT_PACK:
+      return "INVALID_VARIANT_PACK";
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+      return "GRAPH_NOT_SUPPORTED";
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
+      return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
+    case fe::error_code_t::GRAPH_EXECUTION_FAILED:
+      return "GRAPH_EXECUTION_FAILED";
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
+      return "HEURISTIC_QUERY_FAILED";
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT:
+      return "UNSUPPORTED_GRAPH_FORMAT";
+    case fe::error_code_t::CUDA_API_FAILED:
+      return "CUDA_API_FAILED";
+    case fe::error_code_t::CUDNN_BACKEND_API_FAILED:
+      return "CUDNN_BACKEND_API_FAILED";
+    case fe::error_code_t::INVALID_CUDA_DEVICE:
+      return "INVALID_CUDA_DEVICE";
+    case fe::error_code_t::HANDLE_ERROR:
+      return "HANDLE_ERROR";
+    case fe::error_code_t::INVALID_VALUE:
+      return "INVALID_VALUE";
+    case fe::error_code_t::NVRTC_COMPILATION_FAILED:
+      return "NVRTC_COMPILATION_FAILED";
+  }
+  return "unknown cuDNN frontend error";
+}
+
+absl::Status FrontendStatus(fe::error_t error, const char* call,
+                            const char* file, int line) {
+  std::string message =
+      absl::StrCat(call, " failed: ", FrontendCodeName(error.get_code()), " (",
+                   error.get_message(), ") at ", file, ":", line, " (cuDNN ",
+                   cudnnGetVersion(),
+                   "; CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr "
+                   "tells more)");
+  switch (error.get_code()) {
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+      return absl::UnimplementedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+}  // namespace attention_cudnn
+}  // namespace ops
+}  // namespace lossrt
+
+// For calls returning cudnnStatus_t.
+#define CUDNN_RETURN_IF_ERROR(call)                        \
+  do {                                                     \
+    const cudnnStatus_t lossrt_cudnn_status = (call);      \
+    if (lossrt_cudnn_status != CUDNN_STATUS_SUCCESS) {     \
+      return ::lossrt::ops::attention_cudnn::CudnnStatus(  \
+          lossrt_cudnn_status, #call, __FILE__, __LINE__); \
+    }                                                      \
+  } while (false)
+
+// For frontend calls returning cudnn_frontend::error_t.
+#define CUDNN_FE_RETURN_IF_ERROR(call)                            \
+  do {                                                            \
+    ::cudnn_frontend::error_t lossrt_fe_error = (call);           \
+    if (lossrt_fe_error.is_bad()) {                               \
+      return ::lossrt::ops::attention_cudnn::FrontendStatus(      \
+          std::move(lossrt_fe_error), #call, __FILE__, __LINE__); \
+    }                                                             \
+  } while (false)
+
+namespace lossrt {
+namespace ops {
+namespace attention_cudnn {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Graphs.
+
+// Uids of the graphs' tensors. The sorted-pointer execute takes the graph's
+// device pointers in increasing uid order: Q, K, V, O, Stats (forward) and Q,
+// K, V, O, Stats, dO, dQ, dK, dV (backward).
+enum Uid : int64_t {
+  kQ = 1,
+  kK = 2,
+  kV = 3,
+  kO = 4,
+  kStats = 5,
+  kDO = 6,
+  kDQ = 7,
+  kDK = 8,
+  kDV = 9,
+};
+
+using Dims = std::array<int64_t, 4>;  // [batch, heads, seq, head_dim] order
+
+// What a built graph depends on: the direction, the sizes, the dtype and the
+// strides of the views (those of q, k, v, d_qkv's parts; of out and d_out;
+// of lse).
+struct GraphKey {
+  bool backward = false;
+  Dims dims{};
+  fe::DataType_t dtype = fe::DataType_t::BFLOAT16;
+  Dims qkv_stride{};
+  Dims out_stride{};
+  Dims stats_stride{};
+
+  auto Tie() const {
+    return std::tie(backward, dims, dtype, qkv_stride, out_stride,
+                    stats_stride);
+  }
+  bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
+};
+
+// The op's layout as [batch, heads, seq, head_dim] views: q, k and v are
+// strided views into qkv [batch * seq, 3C] (k and v C and 2C elements on), out
+// and d_out into [batch * seq, C], lse [batch, heads, seq] dense.
+GraphKey KeyOf(const Shape& s, bool backward) {
+  const int64_t c = s.heads * s.head_dim;
+  GraphKey key;
+  key.backward = backward;
+  key.dims = {s.batch, s.heads, s.seq, s.head_dim};
+  key.qkv_stride = {s.seq * 3 * c, s.head_dim, 3 * c, 1};
+  key.out_stride = {s.seq * c, s.head_dim, c, 1};
+  key.stats_stride = {s.heads * s.seq, s.seq, 1, 1};
+  return key;
+}
+
+std::vector<int64_t> Vector(const Dims& d) { return {d[0], d[1], d[2], d[3]}; }
+
+struct BuiltGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace_bytes = 0;
+};
+
+// The frontend graph of `key`, not yet built.
+std::shared_ptr<fe::graph::Graph> DescribeGraph(const GraphKey& key) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(key.dtype)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::vector<int64_t> dims = Vector(key.dims);
+  const std::vector<int64_t> stats_dims = {key.dims[0], key.dims[1],
+                                           key.dims[2], 1};
+  auto tensor = [&](const char* name, Uid uid, const Dims& stride) {
+    return graph->tensor(fe::graph::Tensor_attributes()
+                             .set_name(name)
+                             .set_uid(uid)
+                             .set_dim(dims)
+                             .set_stride(Vector(stride)));
+  };
+  auto q = tensor("Q", kQ, key.qkv_stride);
+  auto k = tensor("K", kK, key.qkv_stride);
+  auto v = tensor("V", kV, key.qkv_stride);
+  const float scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(key.dims[3])));
+  if (!key.backward) {
+    // The training forward: O and the softmax Stats (max + ln(sum exp), in
+    // natural log, of the scaled and masked scores: the op's lse). Top-left
+    // causal mask with right bound 0: query t sees keys 0..t (what
+    // set_causal_mask sets).
+    auto options =
+        fe::graph::SDPA_attributes()
+            .set_name("causal_attention")
+            .set_generate_stats(true)
+            .set_attn_scale(scale)
+            .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+            .set_diagonal_band_right_bound(0);
+    auto [o, stats] = graph->sdpa(q, k, v, options);
+    o->set_output(true).set_uid(kO).set_dim(dims).set_stride(
+        Vector(key.out_stride));
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dims)
+        .set_stride(Vector(key.stats_stride));
+    return graph;
+  }
+  auto o = tensor("O", kO, key.out_stride);
+  auto d_o = tensor("dO", kDO, key.out_stride);
+  auto stats = graph->tensor(fe::graph::Tensor_attributes()
+                                 .set_name("Stats")
+                                 .set_uid(kStats)
+                                 .set_dim(stats_dims)
+                                 .set_stride(Vector(key.stats_stride))
+                                 .set_data_type(fe::DataType_t::FLOAT));
+  // Deterministic: dQ's partial sums are added in a fixed order, so a run's
+  // bits do not depend on the scheduling.
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("causal_attention_backward")
+                     .set_attn_scale(scale)
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0)
+                     .set_deterministic_algorithm(true);
+  auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
+  d_q->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(
+      Vector(key.qkv_stride));
+  d_k->set_output(true).set_uid(kDK).set_dim(dims).set_stride(
+      Vector(key.qkv_stride));
+  d_v->set_output(true).set_uid(kDV).set_dim(dims).set_stride(
+      Vector(key.qkv_stride));
+  return graph;
+}
+
+// Validates `graph`, lowers it to cuDNN and builds the heuristic's first plan
+// that cuDNN supports.
+absl::Status BuildGraph(cudnnHandle_t handle, fe::graph::Graph& graph) {
+  CUDNN_FE_RETURN_IF_ERROR(graph.validate());
+  CUDNN_FE_RETURN_IF_ERROR(graph.build_operation_graph(handle));
+  CUDNN_FE_RETURN_IF_ERROR(graph.create_execution_plans({fe::HeurMode_t::A}));
+  CUDNN_FE_RETURN_IF_ERROR(graph.check_support());
+  CUDNN_FE_RETURN_IF_ERROR(graph.build_plans());
+  return absl::OkStatus();
+}
+
+// Sets this thread's CUDA stream-capture mode to relaxed for its lifetime when
+// `relax` (a graph built inside a capture: cuDNN allocates and compiles, which
+// the global and thread-local modes forbid), and restores it after.
+class RelaxedCaptureMode {
+ public:
+  static absl::StatusOr<RelaxedCaptureMode> Enter(bool relax) {
+    RelaxedCaptureMode scope;
+    if (relax) {
+      scope.mode_ = cudaStreamCaptureModeRelaxed;
+      CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&scope.mode_));
+      scope.restore_ = true;
+    }
+    return scope;
+  }
+  RelaxedCaptureMode(RelaxedCaptureMode&& other) noexcept
+      : mode_(other.mode_), restore_(other.restore_) {
+    other.restore_ = false;
+  }
+  RelaxedCaptureMode& operator=(RelaxedCaptureMode&&) = delete;
+  ~RelaxedCaptureMode() {
+    if (restore_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+
+ private:
+  RelaxedCaptureMode() = default;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeGlobal;
+  bool restore_ = false;
+};
+
+// The context's cuDNN state: a handle and the graphs built on it, one per key.
+class CudnnState final : public ContextResource {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudnnState>> Create(Context& context) {
+    ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(context));
+    ASSIGN_OR_RETURN(RelaxedCaptureMode relaxed,
+                     RelaxedCaptureMode::Enter(capturing));
+    auto state = std::unique_ptr<CudnnState>(new CudnnState);
+    CUDNN_RETURN_IF_ERROR(cudnnCreate(&state->handle_));
+    return state;
+  }
+  // The context destroys it with its device current, after its stream's work.
+  ~CudnnState() override {
+    graphs_.clear();
+    if (handle_ != nullptr) cudnnDestroy(handle_);
+  }
+
+  cudnnHandle_t handle() const { return handle_; }
+
+  // The built graph of `key`, building it on the first call.
+  absl::StatusOr<const BuiltGraph*> FindOrBuild(Context& context,
+                                                const GraphKey& key) {
+    auto found = graphs_.find(key);
+    if (found != graphs_.end()) return &found->second;
+    ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(context));
+    ASSIGN_OR_RETURN(RelaxedCaptureMode relaxed,
+                     RelaxedCaptureMode::Enter(capturing));
+    BuiltGraph built;
+    try {
+      built.graph = DescribeGraph(key);
+      RETURN_IF_ERROR(BuildGraph(handle_, *built.graph));
+      CUDNN_FE_RETURN_IF_ERROR(
+          built.graph->get_workspace_size(built.workspace_bytes));
+    } catch (const std::exception& e) {
+      // The frontend's descriptor builders may throw; nothing escapes an op.
+      return absl::InternalError(
+          absl::StrCat("building the cuDNN attention graph threw: ", e.what()));
+    }
+    if (built.workspace_bytes < 0) {
+      return absl::InternalError(
+          absl::StrCat("cuDNN attention graph: workspace of ",
+                       built.workspace_bytes, " bytes"));
+    }
+    return &graphs_.emplace(key, std::move(built)).first->second;
+  }
+
+ private:
+  CudnnState() = default;
+  cudnnHandle_t handle_ = nullptr;
+  std::map<GraphKey, BuiltGraph> graphs_;
+};
+
+// The context's cuDNN state and the built graph of `shape`, with the handle's
+// stream set to the context's (cheap; the context's stream can be a caller's).
+struct Prepared {
+  cudnnHandle_t handle;
+  const BuiltGraph* graph;
+};
+
+absl::StatusOr<Prepared> Prepare(Context& context, const Shape& shape,
+                                 bool backward) {
+  ASSIGN_OR_RETURN(CudnnState * state,
+                   context.GetOrCreateResource<CudnnState>(
+                       [&] { return CudnnState::Create(context); }));
+  ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  CUDNN_RETURN_IF_ERROR(cudnnSetStream(state->handle(), stream));
+  ASSIGN_OR_RETURN(const BuiltGraph* graph,
+                   state->FindOrBuild(context, KeyOf(shape, backward)));
+  return Prepared{state->handle(), graph};
+}
+
+// Runs `prepared` with the device pointers in increasing uid order.
+absl::Status Execute(const Prepared& prepared, void** sorted_pointers,
+                     int count, void* workspace) {
+  try {
+    CUDNN_FE_RETURN_IF_ERROR(prepared.graph->graph->execute(
+        prepared.handle, sorted_pointers, count, workspace));
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("executing the cuDNN attention graph threw: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// Element offsets, in bf16, of k and v in a row of qkv.
+const char* Offset(const void* base, int64_t elements) {
+  return static_cast<const char*>(base) + elements * 2;
+}
+char* Offset(void* base, int64_t elements) {
+  return static_cast<char*>(base) + elements * 2;
+}
+
+}  // namespace
+
+absl::Status CheckBuiltWithCudnn() { return absl::OkStatus(); }
+
+absl::StatusOr<int64_t> ForwardWorkspaceBytes(Context& context,
+                                              const Shape& shape) {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(context, shape, false));
+  return prepared.graph->workspace_bytes;
+}
+
+absl::StatusOr<int64_t> BackwardWorkspaceBytes(Context& context,
+                                               const Shape& shape) {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(context, shape, true));
+  return prepared.graph->workspace_bytes;
+}
+
+absl::Status Forward(Context& context, const Shape& shape, const void* qkv,
+                     void* out, float* lse, void* workspace) {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(context, shape, false));
+  const int64_t c = shape.heads * shape.head_dim;
+  // The graph only reads Q, K and V; the frontend's pointers are not const.
+  void* q = const_cast<void*>(qkv);
+  void* pointers[] = {q, Offset(q, c), Offset(q, 2 * c), out, lse};
+  return Execute(prepared, pointers, 5, workspace);
+}
+
+absl::Status Backward(Context& context, const Shape& shape, const void* qkv,
+                      const void* out, const float* lse, const void* d_out,
+                      void* d_qkv, void* workspace) {
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(context, shape, true));
+  const int64_t c = shape.heads * shape.head_dim;
+  void* q = const_cast<void*>(qkv);
+  void* pointers[] = {q,
+                      Offset(q, c),
+                      Offset(q, 2 * c),
+                      const_cast<void*>(out),
+                      const_cast<float*>(lse),
+                      const_cast<void*>(d_out),
+                      d_qkv,
+                      Offset(d_qkv, c),
+                      Offset(d_qkv, 2 * c)};
+  return Execute(prepared, pointers, 9, workspace);
+}
+
+}  // namespace attention_cudnn
+}  // namespace ops
+}  // namespace lossrt
+
+#else  // !LOSSRT_WITH_CUDNN
+
+namespace lossrt {
+namespace ops {
+namespace attention_cudnn {
+namespace {
+
+absl::Status NotBuilt() {
+  return absl::UnimplementedError(
+      "attention: the cuDNN kernel (AttentionKernel::kCudnn) was not built: "
+      "cuDNN 9 or the cuDNN frontend headers were not found at build time "
+      "(./bazelw fetches the frontend; see third_party/repositories.bzl)");
+}
+
+}  // namespace
+
+absl::Status CheckBuiltWithCudnn() { return NotBuilt(); }
+
+absl::StatusOr<int64_t> ForwardWorkspaceBytes(Context&, const Shape&) {
+  return NotBuilt();
+}
+
+absl::StatusOr<int64_t> BackwardWorkspaceBytes(Context&, const Shape&) {
+  return NotBuilt();
+}
+
+absl::Status Forward(Context&, const Shape&, const void*, void*, float*,
+                     void*) {
+  return NotBuilt();
+}
+
+absl::Status Backward(Context&, const Shape&, const void*, const void*,
+                      const float*, const void*, void*, void*) {
+  return NotBuilt();
+}
+
+}  // namespace attention_cudnn
+}  // namespace ops
+}  // namespace lossrt
+
+#endif  // LOSSRT_WITH_CUDNN
