@@ -1,9 +1,11 @@
 // Benchmark of the causal attention op (`bazel run -c opt //bench:attention`):
-// for each head dim (64, 128) and context (1024..8192), the median time of the
-// op's public forward and backward (graph/ops/attention.h, default options, as
-// the graph calls them; bf16) over batch = batch_tokens / seq sequences and
+// for each head dim (64, 128), context (1024..8192) and GPU kernel of
+// --kernels (default: auto, what the graph calls, and cudnn, cuDNN's fused
+// attention), the median time of the op's public forward and backward
+// (graph/ops/attention.h; bf16) over batch = batch_tokens / seq sequences and
 // --heads heads, as TFLOP/s and as a fraction of a dense bf16 cuBLASLt 8192^3
-// GEMM measured at the start of the same run.
+// GEMM measured at the start of the same run. Kernels that this build lacks
+// (cudnn without cuDNN at build time) are left out with a note.
 //
 // FLOPs follow the FlashAttention convention: the causal forward counts its two
 // matmuls over half the score square, 2 * 2 * B * H * S^2 * D / 2; the backward
@@ -14,7 +16,7 @@
 // size and says so.
 //
 //   ./bazelw run -c opt //bench:attention -- --seqs=1024,8192 --head_dims=128
-//       --json=/tmp/attention.jsonl
+//       --kernels=flash,cudnn --json=/tmp/attention.jsonl
 #include "graph/ops/attention.h"
 
 #include <algorithm>
@@ -65,6 +67,9 @@ ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path (one per shape and "
           "op)");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
+ABSL_FLAG(std::string, kernels, "auto,cudnn",
+          "comma-separated GPU kernels to time side by side: auto (the "
+          "default options, as the graph calls the op), flash, cudnn, cublas");
 
 namespace lossrt {
 namespace {
@@ -83,6 +88,7 @@ struct Check {
 };
 
 struct Row {
+  ops::AttentionKernel kernel = ops::AttentionKernel::kAuto;
   int64_t head_dim = 0;
   int64_t seq = 0;
   int64_t batch = 0;
@@ -107,6 +113,37 @@ double ForwardFlops(int64_t batch, int64_t heads, int64_t seq,
          2.0;
 }
 constexpr double kBackwardFlopsRatio = 2.5;
+
+// --kernels: the kernels this build has, in the order given (at least one).
+absl::StatusOr<std::vector<ops::AttentionKernel>> ParseKernels(
+    const std::string& text) {
+  std::vector<ops::AttentionKernel> kernels;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    bool known = false;
+    for (ops::AttentionKernel kernel :
+         {ops::AttentionKernel::kAuto, ops::AttentionKernel::kFlash,
+          ops::AttentionKernel::kCudnn, ops::AttentionKernel::kCublas}) {
+      if (piece != ops::AttentionKernelName(kernel)) continue;
+      known = true;
+      const absl::Status built = ops::AttentionKernelBuilt(kernel);
+      if (built.ok()) {
+        kernels.push_back(kernel);
+      } else {
+        std::printf("note: leaving out --kernels entry %s: %s\n",
+                    ops::AttentionKernelName(kernel),
+                    std::string(built.message()).c_str());
+      }
+    }
+    if (!known) {
+      return InvalidArgument("--kernels: unknown kernel '", piece,
+                             "' (auto, flash, cudnn, cublas)");
+    }
+  }
+  if (kernels.empty()) {
+    return InvalidArgument("--kernels names no kernel that this build has");
+  }
+  return kernels;
+}
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text,
                                                const char* flag) {
@@ -297,6 +334,10 @@ absl::Status Run() {
                            repeats, " and ", warmup);
   }
   if (heads < 1) return InvalidArgument("--heads must be >= 1, got ", heads);
+  std::vector<ops::AttentionKernel> kernels = {ops::AttentionKernel::kAuto};
+  if (device.is_cuda()) {
+    ASSIGN_OR_RETURN(kernels, ParseKernels(absl::GetFlag(FLAGS_kernels)));
+  }
   std::string device_name = "cpu";
   DType dtype = DType::kBF16;
   double gemm_tflops = 0;
@@ -336,16 +377,16 @@ absl::Status Run() {
   std::vector<Row> rows;
   for (int64_t head_dim : head_dims) {
     for (int64_t seq : seqs) {
-      Row row;
-      row.head_dim = head_dim;
-      row.seq = seq;
-      row.batch = batch_tokens / seq;
-      row.heads = heads;
-      row.forward_flops = ForwardFlops(row.batch, heads, seq, head_dim);
-      const int64_t tokens = row.batch * seq, channels = heads * head_dim;
+      Row shape;
+      shape.head_dim = head_dim;
+      shape.seq = seq;
+      shape.batch = batch_tokens / seq;
+      shape.heads = heads;
+      shape.forward_flops = ForwardFlops(shape.batch, heads, seq, head_dim);
+      const int64_t tokens = shape.batch * seq, channels = heads * head_dim;
       const int64_t size = DTypeSize(dtype);
-      const int64_t set_bytes =
-          tokens * channels * size * 8 + row.batch * heads * seq * 4;  // + lse
+      const int64_t set_bytes = tokens * channels * size * 8 +
+                                shape.batch * heads * seq * 4;  // + lse
       // At least two sets, together at least four times the L2 cache, so that
       // no call finds its inputs in L2 from the call before.
       const int sets = static_cast<int>(std::min<int64_t>(
@@ -358,7 +399,7 @@ absl::Status Run() {
         ASSIGN_OR_RETURN(s.out, EmptyTensor(context->allocator(), dtype,
                                             {tokens, channels}));
         ASSIGN_OR_RETURN(s.lse, EmptyTensor(context->allocator(), DType::kF32,
-                                            {row.batch, heads, seq}));
+                                            {shape.batch, heads, seq}));
         ASSIGN_OR_RETURN(s.d_out, EmptyTensor(context->allocator(), dtype,
                                               {tokens, channels}));
         ASSIGN_OR_RETURN(s.d_qkv, EmptyTensor(context->allocator(), dtype,
@@ -366,37 +407,49 @@ absl::Status Run() {
         RETURN_IF_ERROR(FillNormal(s.qkv.view, ++seed, 0.0f, 1.0f, *context));
         RETURN_IF_ERROR(FillNormal(s.d_out.view, ++seed, 0.0f, 1.0f, *context));
       }
-      RETURN_IF_ERROR(
-          context->ReserveWorkspace(ops::CausalAttentionWorkspaceBytes(
-              device, dtype, row.batch, seq, heads, head_dim)));
-      auto forward = [&](int i) {
-        const Set& s = data[i % sets];
-        return ops::CausalAttentionForward(*context, s.qkv.view, row.batch, seq,
-                                           heads, s.out.view, s.lse.view);
-      };
-      auto backward = [&](int i) {
-        const Set& s = data[i % sets];
-        return ops::CausalAttentionBackward(
-            *context, s.qkv.view, s.out.view, s.lse.view, s.d_out.view,
-            row.batch, seq, heads, s.d_qkv.view, /*accumulate=*/false);
-      };
-      // Every set's out and lse first: the backward reads them.
-      for (int i = 0; i < sets; ++i) RETURN_IF_ERROR(forward(i));
-      ASSIGN_OR_RETURN(double forward_ms,
-                       MedianMs(*context, warmup, repeats, forward));
-      ASSIGN_OR_RETURN(double backward_ms,
-                       MedianMs(*context, warmup, repeats, backward));
-      row.forward_us = forward_ms * 1e3;
-      row.backward_us = backward_ms * 1e3;
-      if (check) {
-        // The last sequence and a middle head: both offsets nonzero.
-        ASSIGN_OR_RETURN(row.check,
-                         CheckPair(*context, data[0], row.batch, seq, heads,
-                                   head_dim, row.batch - 1, heads / 2));
+      for (ops::AttentionKernel kernel : kernels) {
+        Row row = shape;
+        row.kernel = kernel;
+        ops::CausalAttentionOptions options;
+        options.kernel = kernel;
+        // The Context overload: exact for cuDNN, whose graphs it builds (so
+        // that the timed calls only run them).
+        ASSIGN_OR_RETURN(
+            const int64_t workspace,
+            ops::CausalAttentionWorkspaceBytes(*context, dtype, row.batch, seq,
+                                               heads, head_dim, options));
+        RETURN_IF_ERROR(context->ReserveWorkspace(workspace));
+        auto forward = [&](int i) {
+          const Set& s = data[i % sets];
+          return ops::CausalAttentionForward(*context, s.qkv.view, row.batch,
+                                             seq, heads, s.out.view, s.lse.view,
+                                             options);
+        };
+        auto backward = [&](int i) {
+          const Set& s = data[i % sets];
+          return ops::CausalAttentionBackward(
+              *context, s.qkv.view, s.out.view, s.lse.view, s.d_out.view,
+              row.batch, seq, heads, s.d_qkv.view, /*accumulate=*/false,
+              options);
+        };
+        // Every set's out and lse first: the backward reads them.
+        for (int i = 0; i < sets; ++i) RETURN_IF_ERROR(forward(i));
+        ASSIGN_OR_RETURN(double forward_ms,
+                         MedianMs(*context, warmup, repeats, forward));
+        ASSIGN_OR_RETURN(double backward_ms,
+                         MedianMs(*context, warmup, repeats, backward));
+        row.forward_us = forward_ms * 1e3;
+        row.backward_us = backward_ms * 1e3;
+        if (check) {
+          // The last sequence and a middle head: both offsets nonzero.
+          ASSIGN_OR_RETURN(row.check,
+                           CheckPair(*context, data[0], row.batch, seq, heads,
+                                     head_dim, row.batch - 1, heads / 2));
+        }
+        RETURN_IF_ERROR(context->Synchronize());
+        rows.push_back(row);
+        std::fflush(stdout);
       }
-      RETURN_IF_ERROR(context->Synchronize());
-      rows.push_back(row);
-      std::fflush(stdout);
     }
   }
 
@@ -420,12 +473,13 @@ absl::Status Run() {
         "inputs; out, d_qkv: max |diff| / max |ref|; lse: max |diff|\n");
   }
   std::printf(
-      "| %4s | %5s | %5s | %5s | %10s | %8s | %6s | %10s | %8s | %6s "
+      "| %-6s | %4s | %5s | %5s | %5s | %10s | %8s | %6s | %10s | %8s | %6s "
       "| %9s | %9s | %9s |\n",
-      "D", "seq", "batch", "heads", "fwd_us", "fwd_TF/s", "%gemm", "bwd_us",
-      "bwd_TF/s", "%gemm", "out_err", "lse_err", "dqkv_err");
+      "kernel", "D", "seq", "batch", "heads", "fwd_us", "fwd_TF/s", "%gemm",
+      "bwd_us", "bwd_TF/s", "%gemm", "out_err", "lse_err", "dqkv_err");
   std::printf(
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      "\n");
   std::ofstream json;
   if (!absl::GetFlag(FLAGS_json).empty()) {
     json.open(absl::GetFlag(FLAGS_json));
@@ -449,27 +503,32 @@ absl::Status Run() {
     auto error = [](double e) {
       return e >= 0 ? absl::StrFormat("%.2e", e) : std::string("-");
     };
+    const char* kernel =
+        device.is_cpu() ? "cpu" : ops::AttentionKernelName(row.kernel);
     std::printf(
-        "| %4lld | %5lld | %5lld | %5lld | %10.1f | %8.2f | %6s | %10.1f | "
-        "%8.2f | %6s | %9s | %9s | %9s |\n",
-        static_cast<long long>(row.head_dim), static_cast<long long>(row.seq),
-        static_cast<long long>(row.batch), static_cast<long long>(row.heads),
-        row.forward_us, forward_tflops, percent(forward_tflops).c_str(),
-        row.backward_us, backward_tflops, percent(backward_tflops).c_str(),
-        error(row.check.out_error).c_str(), error(row.check.lse_error).c_str(),
+        "| %-6s | %4lld | %5lld | %5lld | %5lld | %10.1f | %8.2f | %6s | "
+        "%10.1f | %8.2f | %6s | %9s | %9s | %9s |\n",
+        kernel, static_cast<long long>(row.head_dim),
+        static_cast<long long>(row.seq), static_cast<long long>(row.batch),
+        static_cast<long long>(row.heads), row.forward_us, forward_tflops,
+        percent(forward_tflops).c_str(), row.backward_us, backward_tflops,
+        percent(backward_tflops).c_str(), error(row.check.out_error).c_str(),
+        error(row.check.lse_error).c_str(),
         error(row.check.dqkv_error).c_str());
     if (!json.is_open()) continue;
     for (int op = 0; op < 2; ++op) {
       const double us = op == 0 ? row.forward_us : row.backward_us;
       const double tflops = op == 0 ? forward_tflops : backward_tflops;
       json << absl::StrFormat(
-          "{\"device\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
+          "{\"device\": \"%s\", \"dtype\": \"%s\", \"kernel\": \"%s\", "
+          "\"op\": \"%s\", "
           "\"head_dim\": %d, \"seq\": %d, \"batch\": %d, \"heads\": %d, "
           "\"median_us\": %.2f, \"flops\": %.6e, \"tflops\": %.2f, "
           "\"gemm_tflops\": %.1f, \"gemm_fraction\": %.4f, "
           "\"out_error\": %.3e, \"lse_error\": %.3e, \"dqkv_error\": %.3e}\n",
-          device_name, DTypeName(dtype), op == 0 ? "forward" : "backward",
-          row.head_dim, row.seq, row.batch, row.heads, us,
+          device_name, DTypeName(dtype), kernel,
+          op == 0 ? "forward" : "backward", row.head_dim, row.seq, row.batch,
+          row.heads, us,
           (op == 0 ? 1.0 : kBackwardFlopsRatio) * row.forward_flops, tflops,
           gemm_tflops, fraction(tflops), row.check.out_error,
           row.check.lse_error, row.check.dqkv_error);
@@ -488,7 +547,8 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times the causal attention op's forward and backward (bf16 on a GPU) "
-      "per head dim and context, in TFLOP/s and as a fraction of a bf16 "
+      "per head dim, context and kernel (--kernels), in TFLOP/s and as a "
+      "fraction of a bf16 "
       "8192^3 cuBLASLt GEMM measured in the same run. FLOPs by the "
       "FlashAttention convention: forward 2*2*B*H*S^2*D/2 (two matmuls over "
       "half the causal square), backward 2.5x the forward. Without a GPU: a "
