@@ -18,6 +18,12 @@
 # the default filter for every binary and GPU_SANITIZE_FILTER_<binary>=<filter> for one
 # (e.g. GPU_SANITIZE_FILTER_loss_cross_entropy_test='*cuda_bf16*'); '*' runs every case.
 #
+# cuDNN: the binaries with the attention op link libcudnn.so.9 (tools/stage_gpu.sh). The
+# lib/ folder of the Python package nvidia-cudnn (PyTorch's, the cuDNN the tests were checked
+# with) goes first on LD_LIBRARY_PATH when it is installed,
+#   python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))"
+# else the loader's own cuDNN is used; CUDNN_LIBRARY_PATH=<folder> picks another one.
+#
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
 # LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/
 # next to this script), COMPUTE_SANITIZER (the tool's path; default: compute-sanitizer on
@@ -62,6 +68,24 @@ else
   readonly TIMEOUT=${GPU_TEST_TIMEOUT:-600}
 fi
 mkdir -p "${LOGS}"
+
+# Puts the folder of libcudnn.so.9 (see the header) first on LD_LIBRARY_PATH.
+setup_cudnn_path() {
+  local dir=${CUDNN_LIBRARY_PATH:-}
+  if [[ -z "${dir}" ]]; then
+    dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null) || dir=""
+  fi
+  if [[ -n "${dir}" && -e "${dir}/libcudnn.so.9" ]]; then
+    export LD_LIBRARY_PATH="${dir}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+    echo "run_gpu_tests: cuDNN from ${dir} (LD_LIBRARY_PATH)" >&2
+  elif ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9 '; then
+    echo "run_gpu_tests: cuDNN from the loader's path ($(ldconfig -p | sed -nE 's/.*libcudnn\.so\.9 .*=> //p' | head -n 1))" >&2
+  else
+    echo "run_gpu_tests: note: no libcudnn.so.9 found (set CUDNN_LIBRARY_PATH): binaries that link" \
+      "it will not start" >&2
+  fi
+}
+setup_cudnn_path
 
 # The gtest filter of a binary under the sanitizer ("" = every case).
 sanitize_filter() {

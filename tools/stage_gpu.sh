@@ -18,7 +18,8 @@
 #   gpu_stage/MANIFEST                label, file, libraries and glibc version of each binary
 #
 # Each binary is checked with ldd: only libc, libm, libdl, libpthread, librt, libcublas*,
-# libnccl (the NCCL binaries only) and the dynamic loader may be linked (Abseil, GoogleTest and libstdc++ are static, cudart
+# libnccl (the NCCL binaries only), libcudnn* (binaries with the attention op, when cuDNN was
+# found at build time) and the dynamic loader may be linked (Abseil, GoogleTest and libstdc++ are static, cudart
 # is static, cuBLAS comes from the CUDA install). Anything else is reported and the script
 # exits 1 after staging. Extra arguments go to `bazel build`, e.g.
 #
@@ -33,12 +34,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly STAGE=${GPU_STAGE_DIR:-gpu_stage}  # relative to the repository root
 readonly BAZEL=${BAZEL:-./bazelw}
 readonly BUILD_FLAGS=(-c opt "$@")
-# Libraries a staged binary may load: the C library family, the loader, cuBLAS and NCCL.
+# Libraries a staged binary may load: the C library family, the loader, cuBLAS, NCCL and cuDNN.
 # libnccl (only binaries that use //runtime:nccl_communicator, e.g. runtime_nccl_communicator_test):
 # the GPU machine's PyTorch ships libnccl.so.2, and the test needs LD_LIBRARY_PATH pointing at
 # it there: the lib/ folder of
 #   python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
-readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|libnccl\.so|ld-linux[-a-z0-9_]*\.so)'
+# libcudnn.so.9 (every binary with //graph/ops:attention, i.e. the graph, its tests, the
+# benchmarks and examples, when cuDNN and its frontend were found at build time; it loads its
+# engine libraries, libcudnn_*.so.9, from its own folder when first used): the GPU machine's
+# PyTorch ships cuDNN 9, found through LD_LIBRARY_PATH there (run_gpu_tests.sh sets it up):
+#   python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))"
+readonly ALLOWED_LIBS='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcublas(Lt)?\.so|libnccl\.so|libcudnn(_[a-z_]+)?\.so|ld-linux[-a-z0-9_]*\.so)'
 
 say() { echo "stage_gpu: $*" >&2; }
 
