@@ -2,6 +2,7 @@
 #include "runtime/cuda_gemm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -46,12 +47,33 @@ const cublasLtMatmulAlgo_t* GemmTuning::Find(const Key& key) const {
 }
 
 void GemmTuning::Add(const Key& key, const cublasLtMatmulAlgo_t& algo) {
-  chosen_.emplace_back(key, algo);
+  if (Find(key) == nullptr) chosen_.emplace_back(key, algo);
 }
 
 namespace {
 
 int64_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+
+int64_t BitsOf(float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+// Where GemmRunner::KeyOf keeps beta's and alpha's bits.
+constexpr int kBetaKey = 19;
+constexpr int kAlphaKey = 24;
+
+// The in-place accumulations that a beta = 0 tuning checks after the call.
+// The first adds alpha AB to a D that holds alpha AB, which different
+// epilogue formulas tend to round alike (for an fp32 D at alpha = 1 it is
+// exact, 2x, whatever the formula); the second adds it to a D unlike it.
+constexpr int kAccumulationChecks = 2;
+
+// A tuning whose product is all zeros cannot tell candidates apart: the
+// shape stays untuned (the heuristic's first choice runs) and a later call
+// tries again, up to this many times before keeping that first choice.
+constexpr int kMaxUninformativeTunings = 3;
 
 // The bytes [begin, end) that a column-major matrix spans.
 struct Span {
@@ -121,15 +143,18 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
   if (!entry->tuned) {
     if (const cublasLtMatmulAlgo_t* chosen =
             tuning_->Find(TuningKeyOf(*entry))) {
-      // Timed before (by this runner, or another on the same table, perhaps
-      // for the same GEMM with beta = 0: the candidates do not depend on it).
+      // Chosen before, by this runner or another on the same table (for an
+      // in-place accumulation: by the beta = 0 call of its shape and alpha),
+      // and checked to write the heuristic's bits for these very scalars.
       entry->algo = *chosen;
       entry->tuned = true;
-    } else {
+    } else if (tuning_->enabled() && call.m > 0 && call.n > 0 &&
+               Repeatable(call)) {
+      // Inside a capture nothing may wait for the stream: the heuristic's
+      // first choice runs (the bits a tuned choice writes too).
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-      if (capture == cudaStreamCaptureStatusNone && Repeatable(call) &&
-          call.m > 0 && call.n > 0) {
+      if (capture == cudaStreamCaptureStatusNone) {
         return Tune(*entry, call, stream);
       }
     }
@@ -137,21 +162,47 @@ absl::Status GemmRunner::Run(const GemmCall& call, cudaStream_t stream) {
   return Launch(*entry, entry->algo, call, stream);
 }
 
+// Why the checks are made for the exact alpha and beta of the calls that use
+// the choice (both are in the keys): equal bits at one (alpha, beta) do not
+// imply equal bits at another. Kernels may apply the epilogue differently
+// (fma(alpha, acc, beta C) or alpha acc + beta C rounded twice, a split-K
+// partial scaled before the partials are summed, partials summed into C one
+// by one); such variants agree at alpha = 1 and beta in {0, 1}, or at powers
+// of two away from underflow, and nowhere else in general. The callers use
+// few distinct scalars (alpha 1 or an inverse power-of-two gradient scale,
+// beta 0 or 1), so keying them exactly costs a few more tunings at most.
+// A beta = 0 call with C = D is tuned for its in-place accumulation too,
+// which is never repeatable (it reads its output) and is how the callers
+// chain chunks after a first beta = 0 chunk (the linear cross-entropy's
+// d_weight and d_bias, the linear layer's input gradient).
 absl::Status GemmRunner::Tune(Entry& entry, const GemmCall& call,
                               cudaStream_t stream) {
-  entry.tuned = true;
   const GemmTuning::Key key = TuningKeyOf(entry);
+  GemmCall accumulation = call;
+  accumulation.beta = 1.0f;
+  GemmTuning::Key accumulation_key = key;
+  accumulation_key[kBetaKey] = BitsOf(1.0f);
+  bool check_accumulation = call.beta == 0.0f && call.c == nullptr;
+  auto keep = [&](const cublasLtMatmulAlgo_t& algo, bool with_accumulation) {
+    entry.algo = algo;
+    entry.tuned = true;
+    tuning_->Add(key, algo);
+    if (with_accumulation) tuning_->Add(accumulation_key, algo);
+  };
+  // The heuristic's first choice is what every untuned call of the shape
+  // runs: keeping it needs no check.
   if (entry.candidates.size() < 2) {
-    tuning_->Add(key, entry.algo);
+    keep(entry.algo, check_accumulation);
     return Launch(entry, entry.algo, call, stream);
   }
   // The checksum lands in the GEMM workspace, which this stream's GEMMs use
   // only while they run.
   auto* sum = static_cast<unsigned long long*>(workspace_);
-  const int64_t element = ElementBytes(call.d_type);
+  const int64_t column_bytes = call.m * ElementBytes(call.d_type);
+  const int64_t ld_bytes = call.ld_d * ElementBytes(call.d_type);
   auto checksum = [&]() -> absl::StatusOr<unsigned long long> {
-    CUDA_RETURN_IF_ERROR(LaunchGemmChecksum(call.d, call.m * element, call.n,
-                                            call.ld_d * element, sum, stream));
+    CUDA_RETURN_IF_ERROR(LaunchGemmChecksum(call.d, column_bytes, call.n,
+                                            ld_bytes, sum, stream));
     unsigned long long host = 0;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, sum, sizeof(host),
                                          cudaMemcpyDeviceToHost, stream));
@@ -167,7 +218,8 @@ absl::Status GemmRunner::Tune(Entry& entry, const GemmCall& call,
   std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> stop_guard(
       stop, cudaEventDestroy);
   constexpr int kTimedRuns = 3;
-  unsigned long long reference = 0;
+  // The heuristic's checksums: after the call, then after each accumulation.
+  std::array<unsigned long long, 1 + kAccumulationChecks> reference = {};
   float best_ms = 0;
   size_t best = 0;
   for (size_t i = 0; i < entry.candidates.size(); ++i) {
@@ -187,26 +239,60 @@ absl::Status GemmRunner::Tune(Entry& entry, const GemmCall& call,
     float ms = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
     if (i == 0) {
-      reference = bits;
-      best_ms = ms;
-    } else if (bits == reference && ms < best_ms) {
+      if (bits == GemmChecksumOfZeros(column_bytes, call.n)) {
+        // D holds the heuristic's output, the call's result.
+        if (++entry.uninformative_tunings >= kMaxUninformativeTunings) {
+          keep(entry.algo, check_accumulation);
+        }
+        return absl::OkStatus();
+      }
+      reference[0] = bits;
+    } else if (bits != reference[0]) {
+      continue;
+    }
+    bool same = true;
+    for (int step = 0; check_accumulation && same && step < kAccumulationChecks;
+         ++step) {
+      const absl::Status accumulated =
+          Launch(entry, algo, accumulation, stream);
+      if (!accumulated.ok()) {
+        // The heuristic's choice cannot accumulate here: nothing to check
+        // (and no accumulation to choose for); another candidate that cannot
+        // is not chosen.
+        if (i == 0) {
+          check_accumulation = false;
+        } else {
+          same = false;
+        }
+        break;
+      }
+      ASSIGN_OR_RETURN(const unsigned long long accumulated_bits, checksum());
+      if (i == 0) {
+        reference[1 + step] = accumulated_bits;
+      } else {
+        same = accumulated_bits == reference[1 + step];
+      }
+    }
+    if (same && (i == 0 || ms < best_ms)) {
       best_ms = ms;
       best = i;
     }
   }
-  entry.algo = entry.candidates[best];
-  tuning_->Add(key, entry.algo);
-  // D holds the last candidate's output, perhaps not the chosen one's.
+  keep(entry.candidates[best], check_accumulation);
+  // D holds the last candidate's output (or its accumulations).
   return Launch(entry, entry.algo, call, stream);
 }
 
 GemmTuning::Key GemmRunner::TuningKeyOf(const Entry& entry) const {
+  static_assert(kAlphaKey + 1 == std::tuple_size<Key>::value &&
+                    std::tuple_size<Key>::value + 3 ==
+                        std::tuple_size<GemmTuning::Key>::value,
+                "the keys' layouts");
   GemmTuning::Key key;
   std::copy(entry.key.begin(), entry.key.end(), key.begin());
-  key[19] = 0;  // beta != 0: the heuristic's candidates do not depend on it
-  key[24] = static_cast<int64_t>(compute_type_);
-  key[25] = workspace_bytes_;
-  key[26] = reinterpret_cast<intptr_t>(handle_);
+  key[25] = static_cast<int64_t>(compute_type_);
+  key[26] = workspace_bytes_;
+  key[27] = reinterpret_cast<intptr_t>(handle_);
   return key;
 }
 
@@ -230,11 +316,21 @@ GemmRunner::Key GemmRunner::KeyOf(const GemmCall& c) {
           AlignmentOf(c.b.data),
           AlignmentOf(c.d),
           c.bias != nullptr ? AlignmentOf(c.bias) : 0,
-          c.beta != 0.0f,
+          BitsOf(c.beta),  // kBetaKey
           static_cast<int64_t>(c.epilogue),
           c.epilogue != GemmEpilogue::kNone ? AlignmentOf(c.aux) : 0,
           c.ld_aux,
-          c.c != nullptr ? AlignmentOf(c.c) : 0};
+          c.c != nullptr ? AlignmentOf(c.c) : 0,
+          BitsOf(c.alpha)};  // kAlphaKey
+}
+
+int64_t GemmRunner::CandidatesOf(const GemmCall& call) const {
+  const Key key = KeyOf(call);
+  for (const std::unique_ptr<Entry>& entry : cache_) {
+    if (entry->key == key)
+      return static_cast<int64_t>(entry->candidates.size());
+  }
+  return 0;
 }
 
 absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
@@ -328,12 +424,30 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
   std::array<cublasLtMatmulHeuristicResult_t, kGemmTuningCandidates> results =
       {};
   int found = 0;
-  const bool tune =
-      tuning_ != nullptr && tuning_->enabled() && workspace_bytes_ >= 8;
+  // Matrix-vector products are never tuned: they are bound by memory, so the
+  // candidates differ little in time, and equal bits on one call prove little
+  // there. Their sums are short or run over few distinct magnitudes (the
+  // linear cross-entropy's d_bias sums 16-bit dlogits against a vector of
+  // ones, each chunk's sum often exact in any order), so two algorithms that
+  // agree on the tuning call's data can still disagree on a later call's (seen
+  // on the H200: the d_bias of a tuned context and of an untuned one
+  // differed).
+  const bool tune = tuning_ != nullptr && tuning_->enabled() &&
+                    workspace_bytes_ >= 8 && call.m > 1 && call.n > 1;
+  // As many results with tuning on or off: the first choice is the answer to
+  // the same question either way.
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       handle_, entry->desc, entry->a, entry->b, entry->d, entry->d, preference,
-      tune ? kGemmTuningCandidates : 1, results.data(), &found);
-  if (heuristic != CUBLAS_STATUS_SUCCESS || found == 0) {
+      kGemmTuningCandidates, results.data(), &found);
+  std::vector<cublasLtMatmulAlgo_t> usable;
+  if (heuristic == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        usable.push_back(results[i].algo);
+      }
+    }
+  }
+  if (usable.empty()) {
     // Remembered, so that a caller with a fallback does not ask again.
     cache_.push_back(std::move(entry));
     return absl::UnimplementedError(absl::StrCat(
@@ -341,15 +455,9 @@ absl::StatusOr<GemmRunner::Entry*> GemmRunner::Find(const GemmCall& call) {
         call.a.ld, ", ", call.b.ld, ", ", call.ld_d, ")"));
   }
   entry->found = true;
-  entry->algo = results[0].algo;
+  entry->algo = usable[0];
   entry->tuned = !tune;
-  if (tune) {
-    for (int i = 0; i < found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
-        entry->candidates.push_back(results[i].algo);
-      }
-    }
-  }
+  if (tune) entry->candidates = std::move(usable);
   cache_.push_back(std::move(entry));
   return cache_.back().get();
 }

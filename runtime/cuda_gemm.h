@@ -1,11 +1,11 @@
 // GEMMs through cuBLASLt with cached plans: GemmCall describes one
 // column-major D = alpha op(A) op(B) + beta C (+ bias), C being D itself
 // unless the call names another matrix, GemmRunner keeps the
-// descriptors and the heuristic's algorithm per distinct call shape, so a shape
-// seen before costs one cublasLtMatmul. Internal to the libraries: include only
-// from code built with the CUDA toolkit. A Context owns one runner for its
-// stream (ContextGemmRunner in runtime/cuda_context.h); ops that split work
-// across streams make their own.
+// descriptors and the chosen algorithm per distinct call shape and scalars, so
+// a call like one seen before costs one cublasLtMatmul. Internal to the
+// libraries: include only from code built with the CUDA toolkit. A Context owns
+// one runner for its stream (ContextGemmRunner in runtime/cuda_context.h); ops
+// that split work across streams make their own.
 #ifndef LOSSRT_RUNTIME_CUDA_GEMM_H_
 #define LOSSRT_RUNTIME_CUDA_GEMM_H_
 
@@ -69,23 +69,37 @@ struct GemmCall {
   int64_t ld_aux = 0;
 };
 
-// The algorithms that timing chose, per call shape, compute type and
-// workspace size: shared by the runners of one context, so that a shape is
-// timed once per context. Not thread-safe (nor are the runners).
+// The algorithms that timing chose, per call shape, exact alpha and beta,
+// compute type and workspace size: shared by the runners of one context, so
+// that a shape is timed once per context. Not thread-safe (nor are the
+// runners).
 //
 // Why: cuBLASLt's first heuristic choice is not always its fastest
-// candidate. Measured on the H200 (2026-11-30, bf16 in, fp32 out): the
-// linear cross-entropy's d_weight GEMM (4096 x 128256 x 2048, accumulating)
-// took 3.29 ms with it and 2.48 ms with the sixth candidate; its logits GEMM
-// at H = 768 took 0.51 against 0.41 ms.
+// candidate (e.g. the linear cross-entropy's d_weight GEMM, accumulating over
+// token chunks, runs markedly faster with a later candidate on the H200).
+//
+// Bits: a tuned call must write what the heuristic's first choice writes,
+// so that results never depend on whether or when a shape was tuned (a
+// context's first calls, calls inside a CUDA graph capture and contexts with
+// tuning off run that first choice). A candidate is kept only where it wrote
+// the first choice's bits on the tuning call, for the exact (alpha, beta)
+// that the choice then serves: for a beta = 0 call with C = D, both
+// D = alpha AB and the in-place accumulation D = alpha AB + D of the same
+// alpha (what the callers chain after it); for any other repeatable call,
+// that call's own scalars. Equal bits on one call's data stand for equal
+// arithmetic only where the data round somewhere in every summation order:
+// an all-zero product tunes nothing (the shape stays untuned), and
+// matrix-vector products (m or n = 1), whose short or narrow sums are often
+// exact in any order, are never tuned.
 class GemmTuning {
  public:
-  using Key = std::array<int64_t, 27>;
+  using Key = std::array<int64_t, 28>;
   // Off: runners take the heuristic's first choice for shapes they have not
   // seen (what they chose before stays).
   void set_enabled(bool enabled) { enabled_ = enabled; }
   bool enabled() const { return enabled_; }
   const cublasLtMatmulAlgo_t* Find(const Key& key) const;
+  // Keeps the first choice made for a key.
   void Add(const Key& key, const cublasLtMatmulAlgo_t& algo);
   int64_t size() const { return static_cast<int64_t>(chosen_.size()); }
 
@@ -94,11 +108,14 @@ class GemmTuning {
   std::vector<std::pair<Key, cublasLtMatmulAlgo_t>> chosen_;
 };
 
-// How many of the heuristic's candidates a tuned shape times.
+// How many of the heuristic's candidates a tuned shape times (and how many
+// every shape asks the heuristic for, tuned or not: the first choice is the
+// answer to the same question either way).
 inline constexpr int kGemmTuningCandidates = 8;
 
 // cuBLASLt descriptors and the chosen algorithm, cached per call shape
-// (types, sizes, leading dimensions, transposes, alignments, bias, beta != 0).
+// (types, sizes, leading dimensions, transposes, alignments, bias, epilogue)
+// and the exact bits of alpha and beta.
 class GemmRunner {
  public:
   // `tuning` (may be null: the heuristic's first choice, untimed) must outlive
@@ -115,21 +132,30 @@ class GemmRunner {
 
   // Unimplemented (cached, so asking again is cheap) when cuBLASLt has no
   // algorithm for the call: callers with another way can fall back to it.
-  // The first call of a shape may synchronize the stream (tuning).
+  // The first call of a shape (and scalars) may synchronize the stream
+  // (tuning), never inside a CUDA graph capture.
   absl::Status Run(const GemmCall& call, cudaStream_t stream);
 
+  // How many candidates the heuristic offered for `call`'s shape and scalars
+  // (those a tuning times); 0 before a call of it ran, where tuning was off
+  // when it first ran, and for matrix-vector shapes. For tests.
+  int64_t CandidatesOf(const GemmCall& call) const;
+
  private:
-  using Key = std::array<int64_t, 24>;
+  using Key = std::array<int64_t, 25>;
   struct Entry {
     Key key;
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t d = nullptr;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;  // the heuristic's first choice until tuned
     std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, in order
     bool found = false;  // the heuristic gave an algorithm
     bool tuned = false;  // `algo` is final
+    // Tunings whose data could not tell the candidates apart (an all-zero
+    // product).
+    int uninformative_tunings = 0;
     ~Entry();
   };
   static Key KeyOf(const GemmCall& call);
@@ -138,8 +164,10 @@ class GemmRunner {
   absl::Status Launch(const Entry& entry, const cublasLtMatmulAlgo_t& algo,
                       const GemmCall& call, cudaStream_t stream);
   // Times the candidates on the call itself (it must be safe to repeat) and
-  // keeps the fastest whose output matches the first candidate's bit for bit;
-  // leaves the call's result in D.
+  // keeps the fastest whose output matches the first candidate's (the
+  // heuristic's first choice) bit for bit, at the call's alpha and beta and,
+  // for a beta = 0 call with C = D, also after two in-place accumulations
+  // D = alpha AB + D; leaves the call's result in D.
   absl::Status Tune(Entry& entry, const GemmCall& call, cudaStream_t stream);
 
   cublasLtHandle_t handle_;

@@ -5,6 +5,10 @@
 namespace lossrt {
 namespace {
 
+// Odd (so that (position * kPositionWeight) | 1 only sets bit 0 of even
+// products).
+constexpr unsigned long long kPositionWeight = 0x9E3779B97F4A7C15ull;
+
 __global__ void GemmChecksumKernel(const unsigned char* data,
                                    int64_t column_words, int64_t columns,
                                    int64_t ld_bytes, unsigned long long* sum) {
@@ -18,7 +22,7 @@ __global__ void GemmChecksumKernel(const unsigned char* data,
       const unsigned long long position =
           static_cast<unsigned long long>(column * column_words + i);
       local += (static_cast<unsigned long long>(words[i]) + 1) *
-               ((position * 0x9E3779B97F4A7C15ull) | 1ull);
+               ((position * kPositionWeight) | 1ull);
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -40,6 +44,18 @@ cudaError_t LaunchGemmChecksum(const void* data, int64_t column_bytes,
       static_cast<const unsigned char*>(data), column_bytes / 2, columns,
       ld_bytes, sum);
   return cudaGetLastError();
+}
+
+unsigned long long GemmChecksumOfZeros(int64_t column_bytes, int64_t columns) {
+  if (columns <= 0 || column_bytes <= 0) return 0;
+  // The zero words sit at positions q = 0 .. count - 1, each adding
+  // (q * weight) | 1 = q * weight + [q even] (the weight is odd), mod 2^64.
+  const unsigned long long count =
+      static_cast<unsigned long long>(columns) *
+      static_cast<unsigned long long>(column_bytes / 2);
+  const unsigned long long position_sum =
+      count % 2 == 0 ? (count / 2) * (count - 1) : count * ((count - 1) / 2);
+  return kPositionWeight * position_sum + (count + 1) / 2;
 }
 
 }  // namespace lossrt

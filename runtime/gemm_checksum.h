@@ -17,6 +17,11 @@ cudaError_t LaunchGemmChecksum(const void* data, int64_t column_bytes,
                                int64_t columns, int64_t ld_bytes,
                                unsigned long long* sum, cudaStream_t stream);
 
+// The sum LaunchGemmChecksum gives for `columns` columns of `column_bytes`
+// zero bytes each (computed on the host): an output that says nothing about
+// the order of its sums.
+unsigned long long GemmChecksumOfZeros(int64_t column_bytes, int64_t columns);
+
 }  // namespace lossrt
 
 #endif  // LOSSRT_RUNTIME_GEMM_CHECKSUM_H_
