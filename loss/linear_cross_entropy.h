@@ -3,7 +3,8 @@
 // = hidden @ weight^T (+ bias) is computed a bounded chunk at a time (fp32, by
 // cuBLASLt on a GPU, Eigen on the CPU), the cross-entropy kernels of
 // loss/cross_entropy.h run on each chunk, and the gradients of hidden, weight
-// and bias are accumulated in fp32 from the chunk's dlogits.
+// and bias are accumulated in fp32 from the chunk's dlogits, which are stored
+// in the operand dtype (see Precision).
 //
 // clang-format off
 //   // Mean over non-ignored tokens, at most 1 GiB of temporaries.
@@ -28,7 +29,30 @@
 // loss f32 [] (mean, sum) or [N] (none); lse f32 [N]; grad_loss f32 [] or [N]
 // (none); d_hidden [N, H] in f32 or the hidden dtype; d_weight [V, H] in f32 or
 // the weight dtype; d_bias [V] in f32 or the bias dtype. All on the context's
-// device. Gradients are accumulated in fp32 and rounded once.
+// device.
+//
+// Precision, the same on both backends and schedules: logits are fp32 (fp32
+// accumulation; f32 operands with use_tf32 go through TF32 on the GPU), and so
+// are the dlogits computed from them, which are then stored in the operand
+// dtype: with bf16 or f16 operands each dlogit is rounded to it (f16 with the
+// mean reduction: after scaling by a power of two no larger than the mean's
+// denominator, undone exactly by the gradient GEMMs' alpha). d_hidden =
+// dlogits @ weight, d_weight = dlogits^T @ hidden and d_bias = the column sums
+// of dlogits all come from those stored dlogits (d_bias too: on the GPU a GEMV
+// of them with a vector of ones), with fp32 accumulation: cuBLASLt with fp32
+// compute on the GPU, Eigen in fp32 on the CPU (from exact fp32 copies of
+// 16-bit operands); products of 16-bit values are exact. With token chunks
+// d_weight and d_bias are summed over the chunks in fp32 (in the output itself
+// when it is f32, else in an fp32 accumulator); the two-pass schedule writes
+// each vocabulary slice's once. Every gradient is rounded once to its output
+// dtype. So with 16-bit operands, f32 gradient outputs spare only that final
+// rounding: they carry the dlogits' (up to 2^-8 relative per dlogit for bf16,
+// 2^-11 for f16, and nearly alike for all target entries, so it does not
+// average out), typically 1e-4 to 4e-3 relative (Frobenius) from the exact
+// gradients for bf16 and a few 1e-4 for f16, while they agree with the
+// products of the rounded dlogits to fp32 accumulation error (pinned by
+// tests/loss/linear_cross_entropy_test.cc). With f32 operands (TF32 off) the
+// dlogits stay fp32 and the gradients are fp32-accurate.
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
 // per-token scratch and the share of the cuBLASLt workspace it uses) fits in
@@ -40,7 +64,9 @@
 // are not ignore_index, negative class weights; inside a CUDA graph capture
 // these last two are counted instead, see below) and for a budget that cannot
 // hold a single chunk (the message names the smallest that can). Results are
-// bitwise the same from run to run for the same shapes, options and device.
+// bitwise the same from run to run for the same shapes, options and device,
+// on a context's first call as on later ones, and with its GEMM tuning on or
+// off (Context::set_gemm_tuning).
 //
 // Optional tensors follow loss/cross_entropy.h: an optional argument of a call
 // (lse, grad_loss) is a `const Tensor*`, nullptr when not given; an optional

@@ -12,8 +12,10 @@
 // reductions and none, ignored tokens, i32 targets, padded rows, the two
 // schedules with the smallest budget they accept (many chunks whose boundaries
 // do not divide N or V), V not a multiple of 8 and N = 1. Then plan invariants,
-// N = 0, all tokens ignored, bad inputs (nothing written) and finite
-// differences on the CPU.
+// N = 0, all tokens ignored, bad inputs (nothing written), on the GPU the same
+// bytes on a fresh context, a tuned one and one with GEMM tuning off, and the
+// precision of f32 gradients of 16-bit operands (the products of the rounded
+// dlogits, not the exact gradients), and finite differences on the CPU.
 //
 // Outputs are poisoned with NaN bit patterns before every call: an element left
 // unwritten is caught, and row padding must stay poisoned. Inputs' row padding
@@ -28,12 +30,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -371,8 +375,10 @@ ReferenceOptions RefOptions(const Scenario& s, const Data& d) {
   return options;
 }
 
-Expected Reference(const Scenario& s, const Data& d,
-                   const std::vector<double>& grad_loss) {
+// The cross-entropy's reference on logits = hidden @ weight^T + bias computed
+// in double from the (rounded) inputs.
+ReferenceResult ReferenceOnLogits(const Scenario& s, const Data& d,
+                                  const std::vector<double>& grad_loss) {
   const int64_t n = s.n, h = s.h, v = s.v;
   std::vector<double> logits(n * v);  // [N, V]
   for (int64_t i = 0; i < n; ++i) {
@@ -383,18 +389,20 @@ Expected Reference(const Scenario& s, const Data& d,
       logits[i * v + j] = sum;
     }
   }
-  const ReferenceResult r =
-      CrossEntropyReference(logits, d.targets, v, RefOptions(s, d), grad_loss);
-  Expected e;
-  e.token_loss = r.token_loss;
-  e.lse = r.lse;
-  e.loss = r.loss;
+  return CrossEntropyReference(logits, d.targets, v, RefOptions(s, d),
+                               grad_loss);
+}
+
+// d_hidden, d_weight and d_bias in double from the given dlogits [N, V].
+void SetGradients(const Scenario& s, const Data& d,
+                  const std::vector<double>& dlogits, Expected& e) {
+  const int64_t n = s.n, h = s.h, v = s.v;
   e.d_hidden.assign(n * h, 0.0);
   e.d_weight.assign(v * h, 0.0);
   e.d_bias.assign(v, 0.0);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < v; ++j) {
-      const double g = r.grad[i * v + j];
+      const double g = dlogits[i * v + j];
       e.d_bias[j] += g;
       for (int64_t k = 0; k < h; ++k) {
         e.d_hidden[i * h + k] += g * d.weight[j * h + k];
@@ -402,6 +410,16 @@ Expected Reference(const Scenario& s, const Data& d,
       }
     }
   }
+}
+
+Expected Reference(const Scenario& s, const Data& d,
+                   const std::vector<double>& grad_loss) {
+  const ReferenceResult r = ReferenceOnLogits(s, d, grad_loss);
+  Expected e;
+  e.token_loss = r.token_loss;
+  e.lse = r.lse;
+  e.loss = r.loss;
+  SetGradients(s, d, r.grad, e);
   return e;
 }
 
@@ -1130,6 +1148,191 @@ TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, LinearCrossEntropyTest, testing::Bool(),
                          BackendName);
+
+// ---------------------------------------------------------------------------------------
+// GPU: the bits do not depend on the GEMM tuning, and the precision of f32
+// gradients of 16-bit operands is what the header says.
+
+// A budget of at most 16 token chunks, from the smallest budget up (the
+// allocator's 2 MiB granularity makes the count jump): the first chunk's
+// d_weight and d_bias GEMMs have beta = 0, the later ones accumulate.
+int64_t FewChunksBudget(lce::PlanInput input) {
+  int64_t budget = SmallestBudget(input);
+  for (;;) {
+    input.max_workspace_bytes = budget;
+    const absl::StatusOr<lce::Plan> plan = lce::MakePlan(input);
+    if (plan.ok() && plan->num_chunks <= 16) return budget;
+    budget += budget / 10;
+  }
+}
+
+// The outputs' bytes after one fused call on the harness's context.
+absl::StatusOr<std::vector<Bytes>> FusedOutputs(Harness& h) {
+  RETURN_IF_ERROR(h.PoisonOutputs());
+  RETURN_IF_ERROR(LinearCrossEntropyForwardBackward(
+      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+  RETURN_IF_ERROR(h.DownloadOutputs());
+  std::vector<Bytes> outputs;
+  for (Array* array : h.Outputs()) outputs.push_back(array->host);
+  return outputs;
+}
+
+// Runs the fused call on `h` (with a budget of a few token chunks) and adds
+// its outputs to `runs`.
+void RunChunkedCall(Harness& h, const std::string& what,
+                    std::vector<std::vector<Bytes>>& runs) {
+  SCOPED_TRACE(what);
+  h.options.max_workspace_bytes = FewChunksBudget(h.FusedPlanInput());
+  const absl::StatusOr<lce::Plan> plan = lce::MakePlan(h.FusedPlanInput());
+  ASSERT_OK(plan.status());
+  EXPECT_GE(plan->num_chunks, 3) << plan->ToString();
+  EXPECT_EQ(plan->schedule, LinearCrossEntropySchedule::kTokenChunks);
+  ASSERT_OK_AND_ASSIGN(std::vector<Bytes> outputs, FusedOutputs(h));
+  for (Array* array : h.Outputs()) ExpectWrittenExactly(*array, what);
+  runs.push_back(std::move(outputs));
+}
+
+// A context's first call tunes its GEMMs on the way (the first chunk's
+// beta = 0 d_weight GEMM chooses for the accumulating chunks after it too; the
+// last, shorter chunk is a shape of its own, never tuned; the d_bias GEMV is
+// never tuned: timing its candidates on one chunk let the d_bias of two fresh
+// contexts differ); a second call runs them tuned; a context with tuning off
+// runs the heuristic's first choices throughout. All write the same bytes:
+// loss, lse, d_hidden, d_weight and d_bias.
+TEST(LinearCrossEntropyCudaTest, ChunkedGradientsDoNotDependOnGemmTuning) {
+  SKIP_WITHOUT_GPU();
+  for (bool f32_outputs : {true, false}) {
+    SCOPED_TRACE(f32_outputs ? "f32 gradients" : "bf16 gradients");
+    Scenario s;
+    s.n = 777;
+    s.h = 256;
+    s.v = 1536;
+    s.bias = BiasKind::kOperand;
+    s.d_hidden_f32 = f32_outputs;
+    s.d_weight_f32 = f32_outputs;  // else an fp32 accumulator, rounded once
+    s.d_bias_f32 = f32_outputs;
+    s.ignore_fraction = 0.1;
+    s.schedule = LinearCrossEntropySchedule::kTokenChunks;
+    const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+    std::vector<std::vector<Bytes>> runs;
+    Harness first(s, DType::kBF16);  // each harness makes its own context
+    ASSERT_OK(first.Init(Device::Cuda(0), data));
+    RunChunkedCall(first, "fresh context", runs);
+    RunChunkedCall(first, "same context", runs);
+    Harness second(s, DType::kBF16);
+    ASSERT_OK(second.Init(Device::Cuda(0), data));
+    RunChunkedCall(second, "new context", runs);
+    Harness untuned(s, DType::kBF16);
+    ASSERT_OK(untuned.Init(Device::Cuda(0), data));
+    ASSERT_OK(untuned.context().set_gemm_tuning(false));
+    RunChunkedCall(untuned, "context with tuning off", runs);
+    ASSERT_EQ(runs.size(), 4u);
+    const char* names[] = {"loss", "lse", "d_hidden", "d_weight", "d_bias"};
+    for (size_t run = 1; run < runs.size(); ++run) {
+      for (size_t k = 0; k < runs[0].size(); ++k) {
+        EXPECT_TRUE(runs[run][k] == runs[0][k])
+            << names[k] << " of run " << run << " differs from the first's";
+      }
+    }
+  }
+}
+
+// With bf16 or f16 operands and f32 gradient outputs, the gradients are
+// products of the dlogits rounded to the operand dtype (the header's
+// "Precision"), d_bias included: they agree with a double reference that
+// rounds the dlogits the same way far more closely than with the exact
+// gradients.
+//
+// Let u be the operand dtype's unit roundoff (2^-8 bf16, 2^-11 f16; 16-bit
+// values are 2u apart, relatively). Against the rounding reference the error
+// is the fp32 accumulation's (a few 2^-24 times the square root of the sums'
+// lengths, about 1e-6 here) plus the dlogits whose fp32 value and exact value
+// round to neighbouring 16-bit values: a fraction of about d / (2u) of them,
+// d ~ 2^-22 being the fp32 dlogit's relative error, each off by 2u, so a
+// relative Frobenius error of about sqrt(2 d u), 4e-5 for bf16 and 1.5e-5 for
+// f16, under the bounds (1e-4, 5e-5). Against the exact gradients the error
+// is the rounding itself, up to u per dlogit; it is nearly the same for every
+// target entry ((p_t - 1) / count each, p_t ~ 1/V), so it does not average
+// out and lies between about min(p_t, u) and u, in the band [1e-5, 2u] (2u:
+// for the cancellation in sums like d_bias). If f32 outputs were computed from
+// fp32 dlogits, the exact error would fall to the accumulation's (below 1e-5)
+// and the rounding reference's would rise to the rounding's: the assertions
+// would fail, and the header would have to change.
+class LinearCrossEntropyPrecisionTest
+    : public testing::TestWithParam<
+          std::tuple<DType, LinearCrossEntropySchedule>> {};
+
+TEST_P(LinearCrossEntropyPrecisionTest, F32GradientsCarryTheDlogitsRounding) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = std::get<0>(GetParam());
+  Scenario s;
+  s.n = 512;
+  s.h = 128;
+  s.v = 2000;
+  s.bias = BiasKind::kF32;
+  s.d_hidden_f32 = true;
+  s.d_weight_f32 = true;
+  s.d_bias_f32 = true;
+  s.ignore_fraction = 0.1;
+  s.schedule = std::get<1>(GetParam());
+  const Data data = MakeData(s, dtype, test::TestSeed());
+  Harness h(s, dtype);
+  ASSERT_OK(h.Init(Device::Cuda(0), data));
+  h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+  ASSERT_OK(FusedOutputs(h).status());
+
+  const ReferenceResult r = ReferenceOnLogits(s, data, {});
+  Expected exact;
+  SetGradients(s, data, r.grad, exact);
+  // The kernels' dlogits: scaled (f16 with the mean: a power of two), rounded
+  // to the operand dtype, unscaled exactly by the GEMMs' alpha.
+  const double scale =
+      lce::DlogitsScale(dtype, static_cast<int>(s.reduction), r.ce_denominator);
+  std::vector<double> rounded(r.grad.size());
+  for (size_t i = 0; i < rounded.size(); ++i)
+    rounded[i] = RoundTo(dtype, r.grad[i] * scale) / scale;
+  Expected emulated;
+  SetGradients(s, data, rounded, emulated);
+
+  // u: the unit roundoff of the operand dtype.
+  const double u = dtype == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+  const double emulation_bound = dtype == DType::kBF16 ? 1e-4 : 5e-5;
+  const struct {
+    const char* name;
+    const Array& got;
+    const std::vector<double>& exact;
+    const std::vector<double>& emulated;
+  } gradients[] = {{"d_hidden", h.d_hidden, exact.d_hidden, emulated.d_hidden},
+                   {"d_weight", h.d_weight, exact.d_weight, emulated.d_weight},
+                   {"d_bias", h.d_bias, exact.d_bias, emulated.d_bias}};
+  for (const auto& g : gradients) {
+    ExpectWrittenExactly(g.got, g.name);
+    const double to_emulated = NormRelativeError(g.got, g.emulated);
+    const double to_exact = NormRelativeError(g.got, g.exact);
+    std::printf(
+        "%s %s: relative error %.3g against the rounded dlogits' "
+        "products, %.3g against the exact gradient\n",
+        DTypeName(dtype), g.name, to_emulated, to_exact);
+    EXPECT_LT(to_emulated, emulation_bound) << g.name;
+    EXPECT_GT(to_exact, 1e-5) << g.name;
+    EXPECT_LT(to_exact, 2 * u) << g.name;
+    EXPECT_LT(10 * to_emulated, to_exact) << g.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBitOperands, LinearCrossEntropyPrecisionTest,
+    testing::Combine(testing::Values(DType::kBF16, DType::kF16),
+                     testing::Values(LinearCrossEntropySchedule::kTokenChunks,
+                                     LinearCrossEntropySchedule::kTwoPass)),
+    [](const testing::TestParamInfo<
+        std::tuple<DType, LinearCrossEntropySchedule>>& info) {
+      return absl::StrCat(
+          DTypeName(std::get<0>(info.param)),
+          std::get<1>(info.param) == LinearCrossEntropySchedule::kTwoPass
+              ? "_two_pass"
+              : "_token_chunks");
+    });
 
 // ---------------------------------------------------------------------------------------
 // Finite differences of the op's own forward on the CPU (f32), for both
