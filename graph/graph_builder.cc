@@ -147,7 +147,8 @@ Value Graph::Embedding(Value ids, Value token_table,
     return Value{};
   }
   const int64_t width = table.shape[1];
-  auto node = MakeEmbeddingNode(seq, position_table.has_value());
+  auto node = MakeEmbeddingNode(seq, position_table.has_value(), rows,
+                                table.shape[0], width);
   node->inputs = {ids, token_table};
   if (position_table) {
     const ValueInfo& positions = values_[position_table->id];

@@ -36,9 +36,17 @@ absl::Status PassGradientThrough(NodeRun& run, int i) {
 
 class EmbeddingNode final : public Node {
  public:
-  EmbeddingNode(int64_t seq, bool with_positions)
-      : seq_(seq), with_positions_(with_positions) {}
+  EmbeddingNode(int64_t seq, bool with_positions, int64_t rows, int64_t vocab,
+                int64_t width)
+      : seq_(seq),
+        with_positions_(with_positions),
+        rows_(rows),
+        vocab_(vocab),
+        width_(width) {}
   const char* type() const override { return "Embedding"; }
+  int64_t WorkspaceBytes(const Device& device) const override {
+    return ops::EmbeddingBackwardWorkspaceBytes(device, rows_, vocab_, width_);
+  }
   // inputs: ids, token_table[, position_table]
   absl::Status Forward(NodeRun& run, bool) override {
     const Tensor positions = with_positions_ ? run.input(2) : Tensor();
@@ -59,6 +67,7 @@ class EmbeddingNode final : public Node {
  private:
   int64_t seq_;
   bool with_positions_;
+  int64_t rows_, vocab_, width_;
 };
 
 class LinearNode final : public Node {
@@ -384,8 +393,11 @@ class CrossEntropyNode final : public Node {
 
 }  // namespace
 
-std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions) {
-  return std::make_unique<EmbeddingNode>(seq, with_positions);
+std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions,
+                                        int64_t rows, int64_t vocab,
+                                        int64_t width) {
+  return std::make_unique<EmbeddingNode>(seq, with_positions, rows, vocab,
+                                         width);
 }
 std::unique_ptr<Node> MakeLinearNode(bool with_bias, bool with_residual,
                                      int64_t rows, int64_t out) {

@@ -13,7 +13,10 @@
 namespace lossrt {
 namespace graph {
 
-std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions);
+// ids [rows] into a token table [vocab, width].
+std::unique_ptr<Node> MakeEmbeddingNode(int64_t seq, bool with_positions,
+                                        int64_t rows, int64_t vocab,
+                                        int64_t width);
 // x [rows, in] -> [rows, out]; inputs x, weight[, bias][, residual].
 std::unique_ptr<Node> MakeLinearNode(bool with_bias, bool with_residual,
                                      int64_t rows, int64_t out);

@@ -1,8 +1,9 @@
 // The embedding op: argument checks (the id range included, before anything
-// is written), the CPU loops (float and double) and the dispatch to the CUDA
-// kernels (graph/ops/embedding_cuda.h).
+// is written), the CPU loops (float and double), the backward's workspace size
+// and the dispatch to the CUDA kernels (graph/ops/embedding_cuda.h).
 #include "graph/ops/embedding.h"
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -232,14 +233,38 @@ absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
   ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));
+  size_t workspace_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cuda::EmbeddingBackwardWorkspaceBytes(rows, cols, vocab,
+                                                             &workspace_bytes));
+  ASSIGN_OR_RETURN(void* workspace,
+                   context.Workspace(static_cast<int64_t>(workspace_bytes)));
   CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingBackward(
-      ids.data_as<const int32_t>(), d_out.data, rows, cols, seq,
+      ids.data_as<const int32_t>(), d_out.data, rows, cols, seq, vocab,
       d_out.dtype == DType::kBF16, d_token_table.data_as<float>(),
-      static_cast<float*>(d_positions), stream));
+      static_cast<float*>(d_positions), workspace, workspace_bytes, stream));
   return absl::OkStatus();
 #else
   return absl::UnavailableError(
       "EmbeddingBackward on a CUDA device: built without CUDA");
+#endif
+}
+
+int64_t EmbeddingBackwardWorkspaceBytes(const Device& device, int64_t rows,
+                                        int64_t vocab, int64_t cols) {
+  if (device.is_cpu() || rows <= 0 || cols <= 0) return 0;
+#ifdef LOSSRT_WITH_CUDA
+  // CUB sizes its temporaries for the device's architecture.
+  absl::StatusOr<ScopedDevice> scoped = ScopedDevice::Enter(device.ordinal);
+  if (!scoped.ok()) return 0;
+  size_t bytes = 0;
+  if (cuda::EmbeddingBackwardWorkspaceBytes(rows, cols, vocab, &bytes) !=
+      cudaSuccess) {
+    cudaGetLastError();  // the backward itself reports the error
+    return 0;
+  }
+  return static_cast<int64_t>(bytes);
+#else
+  return 0;
 #endif
 }
 

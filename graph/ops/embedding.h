@@ -12,6 +12,14 @@
 // whose result (a count of bad ids) is copied back to the host: each call
 // waits for the context's stream once (a few microseconds plus whatever work
 // was queued before it).
+//
+// The backward is bitwise reproducible run to run on every device (see
+// EmbeddingBackward). On a GPU it sorts the ids in the context's workspace:
+// reserve it before the hot path (or a CUDA graph capture).
+//
+//   RETURN_IF_ERROR(context->ReserveWorkspace(
+//       lossrt::ops::EmbeddingBackwardWorkspaceBytes(context->device(), B * T,
+//                                                    V, C)));
 #ifndef LOSSRT_GRAPH_OPS_EMBEDDING_H_
 #define LOSSRT_GRAPH_OPS_EMBEDDING_H_
 
@@ -19,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "runtime/context.h"
+#include "runtime/device.h"
 #include "runtime/tensor.h"
 
 namespace lossrt {
@@ -44,19 +53,37 @@ absl::Status EmbeddingForward(Context& context, const Tensor& ids,
 // d_position_table [P, C] (if not null; P >= seq) row p += the sum of d_out
 // rows b * seq + p over the batch b. d_out is in the activation dtype, the
 // table gradients in the accumulator dtype (f64 for f64 d_out, else f32).
-// Outputs must not overlap the inputs or each other.
+// Outputs must not overlap the inputs or each other. On a GPU it takes
+// EmbeddingBackwardWorkspaceBytes(...) of context.Workspace; with check_ids
+// false it allocates nothing (once that is reserved) and never waits for the
+// stream, so it can be captured in a CUDA graph.
 //
-// Determinism: d_position_table is a per-position sum over the batch in a
-// fixed order on every device (bitwise reproducible). d_token_table is summed
-// in row order on the CPU, but with fp32 atomic adds on the GPU (ids repeat in
-// any pattern, so rows meet in the order the hardware runs them): there it is
-// NOT bitwise reproducible run to run when an id occurs more than once (the
-// differences are fp32 rounding of the sums).
+// Determinism: both gradients are bitwise reproducible run to run on every
+// device: the same ids and d_out give the same bits. d_position_table is a
+// per-position sum over the batch in a fixed order. d_token_table is summed in
+// row order on the CPU; on a GPU the ids are first sorted stably with their
+// rows (a radix sort), so each id's rows lie together in row order, and one
+// writer per id adds them in that order (a frequent id's rows in fixed slices
+// of the sorted order, the slices' sums then in order) and adds the sum into
+// its row once (that add is an atomic instruction, but each element gets only
+// the one, so there is no order to vary). With fp32 atomics adding every row,
+// as before, the order was the hardware's; now nothing depends on timing. (The
+// GPU's grouping of the sums differs from the CPU's, so the two agree to fp32
+// rounding, not bitwise.)
 absl::Status EmbeddingBackward(Context& context, const Tensor& ids,
                                const Tensor& d_out, int64_t seq,
                                const Tensor& d_token_table,
                                const Tensor* d_position_table,
                                bool check_ids = true);
+
+// Bytes of context.Workspace that EmbeddingBackward takes at most for ids
+// [rows] into a token table [vocab, cols] on `device`, for
+// Context::ReserveWorkspace ahead of the hot path. 0 on the CPU; on a GPU the
+// id sort's arrays and temporaries and the partial sums of frequent ids (about
+// 12 * rows + cols * rows / 4 bytes). 0 as well when the GPU cannot be asked
+// (the backward then reports the error).
+int64_t EmbeddingBackwardWorkspaceBytes(const Device& device, int64_t rows,
+                                        int64_t vocab, int64_t cols);
 
 }  // namespace ops
 }  // namespace lossrt

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace lossrt {
@@ -26,13 +27,25 @@ cudaError_t LaunchEmbeddingForward(const int32_t* ids, const void* token_table,
                                    int64_t cols, int64_t seq, bool bf16,
                                    void* out, cudaStream_t stream);
 
-// d_token_table [V, cols] += d_out rows at their ids (fp32 atomics);
+// Bytes of device scratch LaunchEmbeddingBackward needs for ids [rows] into a
+// token table [vocab, cols]: the sorted ids and rows (12 * rows), the partial
+// sums of runs that cross tiles (8 * cols * ceil(rows / 32)) and CUB's sort
+// temporaries. Asks CUB (for the current device), which queues no work.
+cudaError_t EmbeddingBackwardWorkspaceBytes(int64_t rows, int64_t cols,
+                                            int64_t vocab, size_t* bytes);
+
+// d_token_table [vocab, cols] += d_out rows at their ids, deterministically
+// (the ids sorted, one writer per id adding its rows in row order);
 // d_position_table [>= seq, cols] (if not null) row p += sum over b of d_out
-// row b * seq + p, in b order. Ids must be valid.
+// row b * seq + p, in b order. `workspace` holds at least
+// EmbeddingBackwardWorkspaceBytes (cudaErrorInvalidValue otherwise). Ids must
+// be valid. Allocates nothing and never waits: capturable in a CUDA graph.
 cudaError_t LaunchEmbeddingBackward(const int32_t* ids, const void* d_out,
                                     int64_t rows, int64_t cols, int64_t seq,
-                                    bool bf16, float* d_token_table,
-                                    float* d_position_table,
+                                    int64_t vocab, bool bf16,
+                                    float* d_token_table,
+                                    float* d_position_table, void* workspace,
+                                    size_t workspace_bytes,
                                     cudaStream_t stream);
 
 }  // namespace cuda
