@@ -119,24 +119,18 @@ absl::StatusOr<std::vector<ops::AttentionKernel>> ParseKernels(
     const std::string& text) {
   std::vector<ops::AttentionKernel> kernels;
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    bool known = false;
-    for (ops::AttentionKernel kernel :
-         {ops::AttentionKernel::kAuto, ops::AttentionKernel::kFlash,
-          ops::AttentionKernel::kCudnn, ops::AttentionKernel::kCublas}) {
-      if (piece != ops::AttentionKernelName(kernel)) continue;
-      known = true;
-      const absl::Status built = ops::AttentionKernelBuilt(kernel);
-      if (built.ok()) {
-        kernels.push_back(kernel);
-      } else {
-        std::printf("note: leaving out --kernels entry %s: %s\n",
-                    ops::AttentionKernelName(kernel),
-                    std::string(built.message()).c_str());
-      }
+    const absl::StatusOr<ops::AttentionKernel> kernel =
+        ops::ParseAttentionKernel(piece);
+    if (!kernel.ok()) {
+      return InvalidArgument("--kernels: ", kernel.status().message());
     }
-    if (!known) {
-      return InvalidArgument("--kernels: unknown kernel '", piece,
-                             "' (auto, flash, cudnn, cublas)");
+    const absl::Status built = ops::AttentionKernelBuilt(*kernel);
+    if (built.ok()) {
+      kernels.push_back(*kernel);
+    } else {
+      std::printf("note: leaving out --kernels entry %s: %s\n",
+                  ops::AttentionKernelName(*kernel),
+                  std::string(built.message()).c_str());
     }
   }
   if (kernels.empty()) {

@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/train_step_options.h"
+#include "graph/ops/attention.h"
 #include "runtime/device.h"
 #include "runtime/status.h"
 
@@ -77,6 +78,10 @@ ABSL_FLAG(bool, cuda_graph, true,
           "NCCL and one micro-batch the gradient buckets' all-reduces are "
           "captured into it, overlapping the backward as without a graph.");
 ABSL_FLAG(std::string, json, "", "Append one JSON line per head here.");
+ABSL_FLAG(
+    std::string, attention, "auto",
+    "The attention op's GPU kernel: auto (the op's default), flash (ours), "
+    "cudnn (cuDNN's fused attention) or cublas.");
 ABSL_FLAG(int32_t, gpus, 1,
           "Data-parallel GPUs in this process, 1 to 1024: rank i on cuda:i, "
           "one thread each, over NCCL; each trains --batch sequences a step.");
@@ -229,11 +234,14 @@ absl::StatusOr<RankResult> TrainRank(const TrainStepOptions& o,
   // Nothing to switch off for the CUDA graph: the ops detect the capture.
   LinearCrossEntropyOptions options;
   options.max_workspace_bytes = o.lce_workspace_mb << 20;
+  ops::CausalAttentionOptions attention;
+  ASSIGN_OR_RETURN(attention.kernel,
+                   ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));
   ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
                    Gpt::Create(context, config, shape, DType::kBF16,
                                head == "fused" ? graph::GptHead::kFusedLoss
                                                : graph::GptHead::kUnfusedLoss,
-                               options));
+                               options, attention));
   // The same seed on every rank: data parallelism starts from equal weights.
   RETURN_IF_ERROR(model->Initialize(1234));
   graph::TrainerOptions trainer_options;
@@ -391,11 +399,12 @@ void PrintResult(const TrainStepOptions& o, const Result& r) {
     where = ", 1 GPU alone (baseline)";
   }
   std::printf(
-      "%s head%s%s: %.2f ms/step, %.1fK tokens/s per GPU, %.1fK in all, peak "
-      "%.2f GB, %.1f TFLOP/s per GPU = MFU %.1f%% of %.0f, %.1f%% of the "
-      "measured GEMM rate; loss %.3f\n",
-      r.head.c_str(), r.rank0.cuda_graph ? " (CUDA graph)" : "", where.c_str(),
-      r.step_ms, r.throughput.tokens_per_s_per_gpu / 1e3,
+      "%s head%s, %s attention%s: %.2f ms/step, %.1fK tokens/s per GPU, %.1fK "
+      "in all, peak %.2f GB, %.1f TFLOP/s per GPU = MFU %.1f%% of %.0f, "
+      "%.1f%% of the measured GEMM rate; loss %.3f\n",
+      r.head.c_str(), r.rank0.cuda_graph ? " (CUDA graph)" : "",
+      absl::GetFlag(FLAGS_attention).c_str(), where.c_str(), r.step_ms,
+      r.throughput.tokens_per_s_per_gpu / 1e3,
       r.throughput.tokens_per_s_total / 1e3, r.rank0.peak_gb, tflops,
       100 * r.mfu, o.peak_tflops, 100 * r.gemm_fraction, r.rank0.loss);
   if (r.throughput.scaling.has_value()) {
@@ -475,13 +484,15 @@ absl::Status Run(const TrainStepOptions& o) {
     std::ofstream out(absl::GetFlag(FLAGS_json), std::ios::app);
     for (const Result& r : results) {
       out << absl::StrFormat(
-          "{\"head\": \"%s\", \"batch\": %d, \"seq\": %d, \"gpus\": %d, "
+          "{\"head\": \"%s\", \"attention\": \"%s\", \"batch\": %d, "
+          "\"seq\": %d, \"gpus\": %d, "
           "\"communicator\": %s, \"bucket_mib\": %s, \"zero1\": %s, "
           "\"step_ms\": %.4f, \"tokens_per_s\": %.1f, "
           "\"tokens_per_s_per_gpu\": %.1f, \"tokens_per_s_total\": %.1f, "
           "\"baseline_tokens_per_s\": %s, \"scaling\": %s, \"peak_gb\": %.4f, "
           "\"mfu\": %.4f, \"gemm_tflops\": %.1f, \"loss\": %.4f}\n",
-          r.head, o.batch, o.seq, r.gpus, r.communicator ? "true" : "false",
+          r.head, absl::GetFlag(FLAGS_attention), o.batch, o.seq, r.gpus,
+          r.communicator ? "true" : "false",
           r.communicator ? BucketMib(o) : "null",
           o.zero1 && r.communicator ? "true" : "false", r.step_ms,
           r.throughput.tokens_per_s_total, r.throughput.tokens_per_s_per_gpu,
@@ -515,6 +526,17 @@ int main(int argc, char** argv) {
   const lossrt::bench::TrainStepOptions options = lossrt::OptionsFromFlags();
   absl::Status status =
       lossrt::bench::CheckTrainStepOptions(options, lossrt::CudaDeviceCount());
+  if (status.ok()) {
+    // --attention: a known kernel that this build has.
+    const absl::StatusOr<lossrt::ops::AttentionKernel> kernel =
+        lossrt::ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
+    status = kernel.ok() ? lossrt::ops::AttentionKernelBuilt(*kernel)
+                         : kernel.status();
+    if (!status.ok()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("--attention: ", status.message()));
+    }
+  }
   if (status.ok()) status = lossrt::Run(options);
   if (!status.ok()) {
     std::fprintf(stderr, "train_step: %s\n", status.ToString().c_str());

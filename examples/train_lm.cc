@@ -72,6 +72,7 @@
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "graph/gpt.h"
+#include "graph/ops/attention.h"
 #include "graph/sampling.h"
 #include "graph/trainer.h"
 #include "runtime/communicator.h"
@@ -182,6 +183,9 @@ ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N.");
 ABSL_FLAG(bool, cuda_graph, true,
           "GPU: replay each micro-batch's forward and backward from a CUDA "
           "graph (fewer launches; small models are launch-bound).");
+ABSL_FLAG(std::string, attention, "auto",
+          "GPU: the attention kernel, auto (the op's default), flash (ours), "
+          "cudnn (cuDNN's fused attention) or cublas.");
 ABSL_FLAG(std::string, dtype, "auto",
           "Activations: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of the initialization and batches.");
@@ -481,6 +485,14 @@ absl::Status CheckFlags() {
   RETURN_IF_ERROR(
       CheckChoice("norm", GetFlag(FLAGS_norm), {"layernorm", "rmsnorm"}));
   RETURN_IF_ERROR(CheckChoice("mlp", GetFlag(FLAGS_mlp), {"gelu", "swiglu"}));
+  RETURN_IF_ERROR(CheckChoice("attention", GetFlag(FLAGS_attention),
+                              {"auto", "flash", "cudnn", "cublas"}));
+  if (const absl::Status built = ops::AttentionKernelBuilt(
+          *ops::ParseAttentionKernel(GetFlag(FLAGS_attention)));
+      !built.ok()) {
+    return InvalidArgument("--attention=", GetFlag(FLAGS_attention), ": ",
+                           built.message());
+  }
   RETURN_IF_ERROR(
       CheckChoice("head", GetFlag(FLAGS_head), {"fused", "unfused"}));
   RETURN_IF_ERROR(CheckInt("batch", GetFlag(FLAGS_batch), 1, 1 << 16,
@@ -823,12 +835,15 @@ absl::Status Run() {
     const bool lead = rank == 0;
     // Nothing to switch off for the CUDA graph: the ops detect the capture.
     LinearCrossEntropyOptions head_options;
+    ops::CausalAttentionOptions attention;
+    ASSIGN_OR_RETURN(attention.kernel,
+                     ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));
     ASSIGN_OR_RETURN(
         std::unique_ptr<Gpt> model,
         Gpt::Create(*context, config, {rows, seq}, dtype,
                     head_flag == "fused" ? graph::GptHead::kFusedLoss
                                          : graph::GptHead::kUnfusedLoss,
-                    head_options));
+                    head_options, attention));
     if (lead) {
       std::printf(
           "model: %s\n  %.2fM parameters, %s activations, %s head, on "

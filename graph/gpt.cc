@@ -70,7 +70,8 @@ Value Gpt::Param(const std::string& name, Shape shape, bool decay) {
 absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
     Context& context, const GptConfig& config, BatchShape shape,
     DType activation_dtype, GptHead head,
-    const LinearCrossEntropyOptions& head_options) {
+    const LinearCrossEntropyOptions& head_options,
+    const ops::CausalAttentionOptions& attention_options) {
   RETURN_IF_ERROR(ValidateGptConfig(config));
   if (shape.batch <= 0 || shape.seq <= 0) {
     return InvalidArgument("GPT: batch ", shape.batch, " and seq ", shape.seq,
@@ -120,8 +121,8 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(
     const std::string p = absl::StrCat("transformer.h.", layer, ".");
     const Value qkv =
         linear(norm(x, p + "ln_1"), p + "attn.c_attn", 3 * width, width);
-    const Value attended =
-        g.CausalAttention(qkv, shape.batch, shape.seq, config.heads);
+    const Value attended = g.CausalAttention(qkv, shape.batch, shape.seq,
+                                             config.heads, attention_options);
     // The residual connections are added by the projections' GEMMs.
     x = linear(attended, p + "attn.c_proj", width, width, x);
     const Value normed = norm(x, p + "ln_2");

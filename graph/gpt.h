@@ -81,7 +81,8 @@ class Gpt {
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(
       Context& context, const GptConfig& config, BatchShape shape,
       DType activation_dtype, GptHead head,
-      const LinearCrossEntropyOptions& head_options = {});
+      const LinearCrossEntropyOptions& head_options = {},
+      const ops::CausalAttentionOptions& attention_options = {});
 
   // GPT-2's initialization from a seed (the same values on every device):
   // weights N(0, 0.02), the projections into the residual stream N(0, 0.02 /

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "graph/ops/attention.h"
 #include "loss/cross_entropy.h"
 #include "loss/linear_cross_entropy.h"
 #include "runtime/allocator.h"
@@ -193,7 +194,9 @@ class Graph {
   Value SwiGlu(Value x);
   Value Add(Value a, Value b);
   // qkv [rows, 3C] -> [rows, C], causal, rows = batch * seq.
-  Value CausalAttention(Value qkv, int64_t batch, int64_t seq, int64_t heads);
+  // `options` picks the GPU kernel (ignored on the CPU).
+  Value CausalAttention(Value qkv, int64_t batch, int64_t seq, int64_t heads,
+                        const ops::CausalAttentionOptions& options = {});
   // The fused head: loss [] f32 of hidden [rows, C] against weight [V, C];
   // the logits never exist in full (loss/linear_cross_entropy.h).
   Value LinearCrossEntropy(Value hidden, Value weight,

@@ -317,7 +317,8 @@ Value Graph::Add(Value a, Value b) {
 }
 
 Value Graph::CausalAttention(Value qkv, int64_t batch, int64_t seq,
-                             int64_t heads) {
+                             int64_t heads,
+                             const ops::CausalAttentionOptions& options) {
   if (!CheckValue(qkv, "CausalAttention qkv")) return Value{};
   const Shape qs = values_[qkv.id].shape;
   if (!Require(batch > 0 && seq > 0 && heads > 0 && qs.size() == 2 &&
@@ -329,8 +330,8 @@ Value Graph::CausalAttention(Value qkv, int64_t batch, int64_t seq,
     return Value{};
   }
   const int64_t width = qs[1] / 3;
-  auto node =
-      MakeAttentionNode(batch, seq, heads, width / heads, activation_dtype_);
+  auto node = MakeAttentionNode(batch, seq, heads, width / heads,
+                                activation_dtype_, options);
   node->inputs = {qkv};
   node->aux = {AuxSpec{{batch, heads, seq}, accumulator_dtype()}};
   return AddNode(std::move(node), "attention", {qs[0], width},

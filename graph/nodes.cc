@@ -280,33 +280,39 @@ class AddNode final : public Node {
 class AttentionNode final : public Node {
  public:
   AttentionNode(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                DType dtype)
+                DType dtype, const ops::CausalAttentionOptions& options)
       : batch_(batch),
         seq_(seq),
         heads_(heads),
         head_dim_(head_dim),
-        dtype_(dtype) {}
+        dtype_(dtype),
+        options_(options) {}
   const char* type() const override { return "CausalAttention"; }
+  // For kCudnn an estimate that covers cuDNN's own figure (the op's tests
+  // check it); the exact one needs the graphs built on a context.
   int64_t WorkspaceBytes(const Device& device) const override {
     return ops::CausalAttentionWorkspaceBytes(device, dtype_, batch_, seq_,
-                                              heads_, head_dim_);
+                                              heads_, head_dim_, options_);
   }
   // inputs: qkv; aux: lse
   absl::Status Forward(NodeRun& run, bool) override {
     return ops::CausalAttentionForward(run.context(), run.input(0), batch_,
-                                       seq_, heads_, run.output(0), run.aux(0));
+                                       seq_, heads_, run.output(0), run.aux(0),
+                                       options_);
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* d_qkv = run.input_grad(0);
     RETURN_IF_ERROR(NeedsGrad("CausalAttention", d_qkv));
     return ops::CausalAttentionBackward(
         run.context(), run.input(0), run.output(0), run.aux(0),
-        run.output_grad(0), batch_, seq_, heads_, *d_qkv, run.accumulate(0));
+        run.output_grad(0), batch_, seq_, heads_, *d_qkv, run.accumulate(0),
+        options_);
   }
 
  private:
   int64_t batch_, seq_, heads_, head_dim_;
   DType dtype_;
+  ops::CausalAttentionOptions options_;
 };
 
 class LinearCrossEntropyNode final : public Node {
@@ -423,10 +429,11 @@ std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, bool with_residual,
                                        out);
 }
 std::unique_ptr<Node> MakeAddNode() { return std::make_unique<AddNode>(); }
-std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
-                                        int64_t heads, int64_t head_dim,
-                                        DType dtype) {
-  return std::make_unique<AttentionNode>(batch, seq, heads, head_dim, dtype);
+std::unique_ptr<Node> MakeAttentionNode(
+    int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DType dtype,
+    const ops::CausalAttentionOptions& options) {
+  return std::make_unique<AttentionNode>(batch, seq, heads, head_dim, dtype,
+                                         options);
 }
 std::unique_ptr<Node> MakeLinearCrossEntropyNode(
     const LinearCrossEntropyOptions& options, bool with_bias) {

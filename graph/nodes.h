@@ -32,9 +32,9 @@ std::unique_ptr<Node> MakeGeluMlpNode(bool with_bias, bool with_residual,
                                       int64_t out);
 std::unique_ptr<Node> MakeAddNode();
 // aux: lse [batch, heads, seq].
-std::unique_ptr<Node> MakeAttentionNode(int64_t batch, int64_t seq,
-                                        int64_t heads, int64_t head_dim,
-                                        DType dtype);
+std::unique_ptr<Node> MakeAttentionNode(
+    int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DType dtype,
+    const ops::CausalAttentionOptions& options);
 // The two heads: outputs loss [] and accuracy [] f32 (Graph::HeadAccuracy; the
 // accuracy written by the evaluation forward only).
 // aux: d_hidden [rows, C], d_weight [V, C] (and d_bias [V]) computed by the

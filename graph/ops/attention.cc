@@ -625,6 +625,17 @@ const char* AttentionKernelName(AttentionKernel kernel) {
   return "unknown";
 }
 
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
+  for (AttentionKernel kernel :
+       {AttentionKernel::kAuto, AttentionKernel::kCublas,
+        AttentionKernel::kFlash, AttentionKernel::kCudnn}) {
+    if (name == AttentionKernelName(kernel)) return kernel;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("attention kernel '", name,
+                   "': expected one of auto, cublas, flash, cudnn"));
+}
+
 absl::Status AttentionKernelBuilt(AttentionKernel kernel) {
   if (kernel == AttentionKernel::kAuto) return absl::OkStatus();
   if (!BuiltWithCuda()) {

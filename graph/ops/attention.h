@@ -43,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -55,6 +56,9 @@ enum class AttentionKernel { kAuto, kCublas, kFlash, kCudnn };
 
 // "auto", "cublas", "flash", "cudnn" (flags and tables).
 const char* AttentionKernelName(AttentionKernel kernel);
+// The kernel of that name (AttentionKernelName's inverse); InvalidArgument
+// listing the names for any other text.
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
 
 // OK where this build has `kernel`: the GPU kernels need CUDA, kCudnn also
 // cuDNN 9 and the cuDNN frontend headers at build time (kAuto is always there:

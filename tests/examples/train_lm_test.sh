@@ -306,6 +306,7 @@ BAD_FLAGS=(
   "--steps=-5|--steps=-5 is invalid: want 0 (the device default) or an integer in [1, "
   "--norm=bogus|--norm='bogus' is invalid: want one of layernorm, rmsnorm"
   "--mlp=swigl|--mlp='swigl' is invalid: want one of gelu, swiglu"
+  "--attention=bogus|--attention='bogus' is invalid: want one of auto, flash, cudnn, cublas"
   "--head=fast|--head='fast' is invalid" "--dtype=f16|--dtype='f16' is invalid"
   "--device=gpu|--device='gpu' is invalid" "--device=cuda:-1|--device='cuda:-1' is invalid"
   "--tokenizer=|--tokenizer='' is invalid" "--vocab=100|--vocab=100 is invalid"

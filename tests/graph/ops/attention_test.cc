@@ -622,6 +622,19 @@ TEST(AttentionKernelTest, NamesAndBuilds) {
   EXPECT_STREQ(AttentionKernelName(AttentionKernel::kCublas), "cublas");
   EXPECT_STREQ(AttentionKernelName(AttentionKernel::kFlash), "flash");
   EXPECT_STREQ(AttentionKernelName(AttentionKernel::kCudnn), "cudnn");
+  for (AttentionKernel kernel :
+       {AttentionKernel::kAuto, AttentionKernel::kCublas,
+        AttentionKernel::kFlash, AttentionKernel::kCudnn}) {
+    const absl::StatusOr<AttentionKernel> parsed =
+        ParseAttentionKernel(AttentionKernelName(kernel));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, kernel);
+  }
+  for (const char* bad : {"", "Flash", "cudnn ", "fa3"}) {
+    EXPECT_EQ(ParseAttentionKernel(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
   EXPECT_TRUE(AttentionKernelBuilt(AttentionKernel::kAuto).ok());
   for (AttentionKernel kernel :
        {AttentionKernel::kCublas, AttentionKernel::kFlash}) {
