@@ -8,7 +8,11 @@ method as ../shared/anchors/peers.py (triton.testing.do_bench medians, CUDA even
     ceiling every ratio is taken against;
   - PyTorch with full logits (hidden @ weight.T, .float(), F.cross_entropy, backward);
   - Liger's fused linear cross-entropy (liger_kernel; LIGER_OLD=1 for 0.2.x, which has another
-    call signature), and Apple's Cut Cross-Entropy (cut_cross_entropy), when importable;
+    call signature), Apple's Cut Cross-Entropy (cut_cross_entropy) and QuACK's
+    chunked_linear_cross_entropy (quack-kernels 0.6.1 with nvidia-cutlass-dsl 4.6.0: later
+    versions fail to import it; chunk --quack_chunk, 4096 by default, no bias), when importable.
+    QuACK compiles per shape on its first call (a minute or more): the untimed first step
+    pays it;
 
 each with the peak device memory beyond inputs and gradients (max_memory_allocated after
 reset, minus what was allocated before the step). Peers are imported from the Python path
@@ -37,7 +41,7 @@ def median_ms(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def load_peers():
+def load_peers(quack_chunk=4096):
     """Name -> callable(hidden, weight, targets) returning the mean loss (autograd on)."""
     peers = {"torch": lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t)}
     errors = {}
@@ -60,6 +64,13 @@ def load_peers():
         peers["cce"] = lambda h, w, t: linear_cross_entropy(h, w, t)
     except Exception:  # noqa: BLE001
         errors["cce"] = traceback.format_exc()[-400:]
+    try:
+        from quack.linear_cross_entropy import chunked_linear_cross_entropy
+
+        peers["quack"] = lambda h, w, t: chunked_linear_cross_entropy(
+            h, w, t, chunk_size=quack_chunk, reduction="mean")
+    except Exception:  # noqa: BLE001
+        errors["quack"] = traceback.format_exc()[-400:]
     return peers, errors
 
 
@@ -128,9 +139,11 @@ def main():
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated NxHxV")
     parser.add_argument("--ours", default="", help="JSON lines of //bench:linear_cross_entropy")
     parser.add_argument("--rep", type=int, default=300, help="do_bench rep (ms of timing)")
+    parser.add_argument("--quack_chunk", type=int, default=4096,
+                        help="chunk_size of QuACK's chunked_linear_cross_entropy")
     args = parser.parse_args()
 
-    peers, errors = load_peers()
+    peers, errors = load_peers(args.quack_chunk)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "peers": list(peers), "import_errors": errors, "rows": []}
     for name, error in errors.items():
