@@ -266,13 +266,31 @@ __device__ __forceinline__ void RowFromRegisters(
     return;
   }
   // Soft-capped (and scalar) rows keep the exact sum and a second exponential
-  // in the gradient; 16-bit ones unpack once, into floats.
+  // in the gradient. Vectorized rows are capped once, first: 16-bit ones
+  // unpack into floats, fp32 ones are capped in place; their passes then see
+  // a view without the cap (the gradient's chain rule is the row's).
+  RowView capped_view = view;
+  capped_view.softcap = 0.0f;
+  capped_view.inv_cap = 0.0f;
   if constexpr (kGrad && kOpt && k16BitVec) {
     FloatTileT floats;
     floats.Fill(tile, view);
     RowFromExactPass<G, FloatTileT, R, kGrad, kOpt, kExtras>(
-        args, row, floats, view, c, smoothing, shared, cluster_size, parity,
-        writer, scan);
+        args, row, floats, capped_view, c, smoothing, shared, cluster_size,
+        parity, writer, scan);
+  } else if constexpr (kGrad && kOpt && TileT::kW > 1) {
+    if (view.inv_cap > 0.0f) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float z[TileT::kW];
+        tile.Unpack(r, (view.first + r * view.stride) * TileT::kW, view.vocab,
+                    view.softcap, view.inv_cap, z);
+        tile.Store(r, z);
+      }
+    }
+    RowFromExactPass<G, TileT, R, kGrad, kOpt, kExtras>(
+        args, row, tile, capped_view, c, smoothing, shared, cluster_size,
+        parity, writer, scan);
   } else {
     RowFromExactPass<G, TileT, R, kGrad, kOpt, kExtras>(
         args, row, tile, view, c, smoothing, shared, cluster_size, parity,

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "loss/cross_entropy_kernels.h"
+#include "loss/cross_entropy_softcap.h"
 #include "runtime/device_convert.cuh"
 
 namespace lossrt {
@@ -173,6 +174,27 @@ __device__ __forceinline__ float FastExp2(float x) {
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// 1 / x on the special-function unit (relative error ~2^-23; flushes
+// subnormals).
+__device__ __forceinline__ float FastRcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The soft cap z = softcap * tanh(x * inv_cap) (loss/cross_entropy_softcap.h:
+// two MUFU ops and about 15 others, no branch, as CUDA's tanhf less its
+// saturation test). Monotone non-decreasing over the host test's
+// dense sweep (SoftCapTest.ErrorBoundAndMonotone); the kernels that need a
+// row's max to equal exactly the cap of its largest logit (the extras' argmax)
+// take the max over the capped values themselves.
+__device__ __forceinline__ float SoftCap(float x, float softcap,
+                                         float inv_cap) {
+  return SoftCapWith(
+      x, softcap, inv_cap, [](float a) { return FastExp2(a); },
+      [](float d) { return FastRcp(d); });
+}
 
 // The warp's statistics, in every lane: the max first, then each lane's sum
 // rescaled to it once (one exponential a lane, not one a shuffle round) and
@@ -457,7 +479,7 @@ __device__ __forceinline__ void UnpackVec(const uint4& raw, int base, int vocab,
   for (int k = 0; k < kW; ++k) out[k] = ToFloat(data.elements[k]);
   if (inv_cap > 0.0f) {
 #pragma unroll
-    for (int k = 0; k < kW; ++k) out[k] = softcap * tanhf(out[k] * inv_cap);
+    for (int k = 0; k < kW; ++k) out[k] = SoftCap(out[k], softcap, inv_cap);
   }
   if (inv_cap > 0.0f && base + kW > vocab) {
 #pragma unroll

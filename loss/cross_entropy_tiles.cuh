@@ -104,7 +104,7 @@ struct Tile<T, R, false> {
                                          float softcap, float inv_cap,
                                          float (&x)[1]) const {
     float v = value[r];
-    if (inv_cap > 0.0f) v = softcap * tanhf(v * inv_cap);
+    if (inv_cap > 0.0f) v = SoftCap(v, softcap, inv_cap);
     x[0] = base < vocab ? v : NegInf();
   }
 };
@@ -312,19 +312,27 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
     max_part[i] = NegInf();
     sum_part[i] = 0.0f;
   }
-  // A soft cap is applied on unpacking, so its tiles take the max after it.
+  // The soft cap is monotone, so the max is taken over the raw logits (in
+  // pairs for 16-bit tiles) and only the max is capped, by the same function
+  // as every logit below: each pass then caps a logit once. The extras' argmax
+  // (a d == 0 test a logit) takes the max over the capped values instead, so
+  // that it equals one of them even where the cap's roundings are not
+  // monotone.
+  const bool cap_each_in_max = kExtras && inv_cap > 0.0f;
   bool packed = false;
-  if constexpr (TileT::kPackedMax) packed = inv_cap == 0.0f;
+  if constexpr (TileT::kPackedMax) packed = !cap_each_in_max;
   if (packed) {
     if constexpr (TileT::kPackedMax) {
       PackedMax<typename TileT::Element, TileT, R>(tile, max_part);
     }
   } else {
+    const float max_cap = cap_each_in_max ? softcap : 0.0f;
+    const float max_inv_cap = cap_each_in_max ? inv_cap : 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float x[kW];
-      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
-                  inv_cap, x);
+      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, max_cap,
+                  max_inv_cap, x);
 #pragma unroll
       for (int j = 0; j < kW; ++j)
         max_part[(r * kW + j) % kParts] =
@@ -334,6 +342,12 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   RowStats s = IdentityStats();
   s.max =
       fmaxf(fmaxf(max_part[0], max_part[1]), fmaxf(max_part[2], max_part[3]));
+  // The capped max: -inf stays for a thread without logits (its pieces all
+  // past the row), while a row's -inf logits cap to -softcap.
+  if (inv_cap > 0.0f && !cap_each_in_max) {
+    s.max = view.first * kW < view.vocab ? SoftCap(s.max, softcap, inv_cap)
+                                         : NegInf();
+  }
   float nan_probe =
       0.0f;  // fmaxf drops NaN; an all-NaN tile must still poison the sum
   float ties =
@@ -341,28 +355,31 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   // kFastSum: the sum with the max's own exact 1 in it, one exponential and
   // one add a logit and no tie test; rest = sum - 1 then loses the low bits of
   // a row whose max dominates, which the caller redoes (RowNeedsExactPass).
+  // Label smoothing's sum is taken in the same pass, from the same unpacked
+  // (and capped) logits.
   if constexpr (kExtras) *extra = IdentityExtras();
   float centered_part[kParts] = {0.0f, 0.0f, 0.0f, 0.0f};  // kExtras
   if (kFastSum) {
-    s.rest = TileExpSum<R, false, kOpt, false, kExtras>(
+    s.rest = TileExpSum<R, false, kOpt, kOpt, kExtras>(
                  tile, view, ExpReference(s.max), static_cast<TileT*>(nullptr),
-                 false, nullptr, extra) -
+                 smoothing, &s.weighted_sum, extra) -
              1.0f;
   } else if (s.max != NegInf()) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      const int base = (view.first + r * view.stride) * kW;
       float x[kW];
-      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
-                  inv_cap, x);
-      // (x - max) first: exact for the largest terms, unlike a fused x*log2e -
-      // max*log2e, whose rounding is huge for large logits.
+      tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+      if (smoothing)
+        AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
+        // (x - max) first: exact for the largest terms, unlike a fused x*log2e
+        // - max*log2e, whose rounding is huge for large logits.
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         const bool tie = x[j] == s.max;
         ties += tie ? 1.0f : 0.0f;
         if constexpr (kExtras) {
           // The ties' terms are 1 * 0. d clamped: a -inf logit adds 0 * -max.
-          const int base = (view.first + r * view.stride) * kW;
           const float d = x[j] - s.max;
           const float e = tie ? 0.0f : FastExp2(d * kLog2e);
           sum_part[(r * kW + j) % kParts] += e;
@@ -378,30 +395,29 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   } else {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      const int base = (view.first + r * view.stride) * kW;
       float x[kW];
-      tile.Unpack(r, (view.first + r * view.stride) * kW, view.vocab, softcap,
-                  inv_cap, x);
+      tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+      if (smoothing)
+        AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
 #pragma unroll
       for (int j = 0; j < kW; ++j) nan_probe += x[j] != x[j] ? x[j] : 0.0f;
     }
   }
+  // The target's logit: only its piece is unpacked again.
   const int target_in_row = TargetInRow(target, view.vocab);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
     const bool holds_target =
         static_cast<unsigned>(target_in_row - base) < static_cast<unsigned>(kW);
-    if (!holds_target && !smoothing) continue;
+    if (!holds_target) continue;
     float x[kW];
     tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
-    if (holds_target) {
 #pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        if (base + j == target_in_row) s.target_logit = x[j];
-      }
+    for (int j = 0; j < kW; ++j) {
+      if (base + j == target_in_row) s.target_logit = x[j];
     }
-    if (smoothing)
-      AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
   }
   if constexpr (kExtras && !kFastSum) {
     extra->centered = (centered_part[0] + centered_part[1]) +
@@ -437,7 +453,9 @@ __device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
   }
 }
 
-// The gradient of one tile, written once in G.
+// The gradient of one tile, written once in G. The view's soft cap is applied
+// on unpacking (none where the tile already holds capped logits); the cap's
+// chain rule is that of the row (gc.inv_cap).
 template <typename G, typename TileT, int R, bool kOpt>
 __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
                                          G* grad_row,
@@ -445,7 +463,8 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
                                          const RowCoefficients& c) {
   constexpr int kW = TileT::kW;
   const float softcap = kOpt ? view.softcap : 0.0f;
-  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  const float inv_cap = kOpt ? gc.inv_cap : 0.0f;
+  const float unpack_inv_cap = kOpt ? view.inv_cap : 0.0f;
   const float* weights = kOpt ? view.weights : nullptr;
   const float smooth_w = kOpt ? gc.smooth_w : 0.0f;
   // The entropy's gradient (kOpt kernels): p_j (d_j + H) times ent_coef.
@@ -456,7 +475,7 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
     const int base = (view.first + r * view.stride) * kW;
     if (base >= view.vocab) continue;
     float x[kW], g[kW];
-    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+    tile.Unpack(r, base, view.vocab, softcap, unpack_inv_cap, x);
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       // The argument is formed before the scaling by log2(e): exact for the

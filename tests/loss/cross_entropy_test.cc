@@ -51,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "loss/cross_entropy_reference.h"
+#include "loss/cross_entropy_softcap.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -1646,6 +1647,72 @@ TEST_P(CrossEntropyTest, GradientMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, CrossEntropyTest, testing::Bool(),
                          BackendName);
+
+// The GPU kernels' soft cap (ce::SoftCapWith with the special-function unit's
+// exp2 and reciprocal) against double tanh over a dense sweep of f32 logits,
+// on the host: exp2 and the reciprocal are correctly rounded and then moved
+// by up to the device instructions' errors (ex2.approx 2 ulps, rcp.approx 1
+// ulp, as CUDA documents exp2f and __fdividef), every sign combination. The
+// bounds are what GradMatches' softcap term (two f32 ulps of the cap) and the
+// loss floors rest on; the sweep is monotone, so a row's capped max is the cap
+// of its largest logit.
+TEST(SoftCapTest, ErrorBoundAndMonotone) {
+  for (const float cap : {4.0f, 20.0f}) {
+    SCOPED_TRACE(absl::StrCat("softcap ", cap));
+    double worst_tanh_error = 0.0;        // |t - tanh(x / c)|, t = z / c
+    double worst_exact_tanh_error = 0.0;  // with unperturbed exp2, reciprocal
+    for (int exp2_error = -1; exp2_error <= 1; ++exp2_error) {
+      for (int rcp_error = -1; rcp_error <= 1; ++rcp_error) {
+        auto exp2 = [&](float a) {
+          return static_cast<float>(std::exp2(static_cast<double>(a)) *
+                                    (1.0 + exp2_error * 0x1p-22));
+        };
+        auto reciprocal = [&](float d) {
+          return static_cast<float>((1.0 / d) * (1.0 + rcp_error * 0x1p-23));
+        };
+        float previous = -cap;
+        int64_t checked = 0;
+        // Every 127th f32 from 1e-9 (below which the cap is x to the last bit)
+        // up to 12 caps (tanh is 1 in f32 from about 9 caps), and 0.
+        for (uint32_t bits = 0x3089705fu;; bits += 127) {
+          float x;
+          std::memcpy(&x, &bits, sizeof(x));
+          if (x > 12.0f * cap) break;
+          const float z = ce::SoftCapWith(x, cap, 1.0f / cap, exp2, reciprocal);
+          const float z_negative =
+              ce::SoftCapWith(-x, cap, 1.0f / cap, exp2, reciprocal);
+          ASSERT_EQ(z_negative, -z) << "x " << x;
+          ASSERT_GE(z, previous) << "x " << x;  // monotone
+          previous = z;
+          const double error =
+              std::fabs(z / static_cast<double>(cap) -
+                        std::tanh(static_cast<double>(x) / cap));
+          worst_tanh_error = std::max(worst_tanh_error, error);
+          if (exp2_error == 0 && rcp_error == 0)
+            worst_exact_tanh_error = std::max(worst_exact_tanh_error, error);
+          ++checked;
+        }
+        EXPECT_GT(checked, 1000000);
+      }
+    }
+    // About 4.1 and 2.2 * 2^-24 measured: 2.3 and 1.4 f32 ulps of a cap of
+    // 20 (whose ulp is 2^-19) once multiplied by it.
+    EXPECT_LE(worst_tanh_error, 4.5 * 0x1p-24);
+    EXPECT_LE(worst_exact_tanh_error, 2.5 * 0x1p-24);
+    auto exp2 = [](float a) { return std::exp2(a); };
+    auto reciprocal = [](float d) { return 1.0f / d; };
+    EXPECT_EQ(ce::SoftCapWith(0.0f, cap, 1.0f / cap, exp2, reciprocal), 0.0f);
+    EXPECT_EQ(ce::SoftCapWith(std::numeric_limits<float>::infinity(), cap,
+                              1.0f / cap, exp2, reciprocal),
+              cap);
+    EXPECT_EQ(ce::SoftCapWith(-std::numeric_limits<float>::infinity(), cap,
+                              1.0f / cap, exp2, reciprocal),
+              -cap);
+    EXPECT_TRUE(
+        std::isnan(ce::SoftCapWith(std::numeric_limits<float>::quiet_NaN(), cap,
+                                   1.0f / cap, exp2, reciprocal)));
+  }
+}
 
 }  // namespace
 }  // namespace lossrt
