@@ -215,15 +215,22 @@ __device__ __forceinline__ float PairwiseSum(const float* v) {
 // past the vocabulary left out. A whole piece adds its own tree sum, so that
 // the running sum's chain grows by one add a piece, not one a logit (a chain
 // of a logit's adds made the smoothing forward latency-bound).
+// Without class weights (the common case) the piece's sum is of the logits
+// alone: the weights' test is one uniform branch a piece, not a select and a
+// predicated load a logit.
 template <int kW>
 __device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
                                                int vocab, const float* weights,
                                                float& sum) {
   if (base + kW <= vocab) {
     float terms[kW];
+    if (weights == nullptr) {
 #pragma unroll
-    for (int j = 0; j < kW; ++j)
-      terms[j] = weights != nullptr ? weights[base + j] * x[j] : x[j];
+      for (int j = 0; j < kW; ++j) terms[j] = x[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < kW; ++j) terms[j] = weights[base + j] * x[j];
+    }
     sum += PairwiseSum<kW>(terms);
     return;
   }
@@ -231,6 +238,28 @@ __device__ __forceinline__ void AddWeightedSum(const float (&x)[kW], int base,
   for (int j = 0; j < kW; ++j) {
     if (base + j < vocab)
       sum += weights != nullptr ? weights[base + j] * x[j] : x[j];
+  }
+}
+
+// Subtracts label smoothing's smooth_w * w_j from a piece's gradient (w_j = 1
+// without class weights; elements past the row take the last class's weight,
+// unused). One uniform branch a piece: a select and a predicated load a logit
+// cost the smoothing kernels a third of their time at 16 bits. Without class
+// weights and with smooth_w = 0 nothing changes (g - 0 is g), so it is
+// skipped.
+template <int kW>
+__device__ __forceinline__ void SubtractSmoothing(const float* weights,
+                                                  int base, int vocab,
+                                                  float smooth_w,
+                                                  float (&g)[kW]) {
+  if (weights == nullptr) {
+    if (smooth_w == 0.0f) return;
+#pragma unroll
+    for (int j = 0; j < kW; ++j) g[j] -= smooth_w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kW; ++j)
+      g[j] -= smooth_w * weights[min(base + j, vocab - 1)];
   }
 }
 
@@ -481,13 +510,20 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
       // The argument is formed before the scaling by log2(e): exact for the
       // large p.
       const float d = (x[j] - gc.shift) - gc.log_sum;
-      const float p = FastExp2(d * kLog2e);
-      g[j] = gc.coef * p;
-      if (kOpt) {
-        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
-        // (0, not 0 * -inf, where p is 0)
-        if (ent_coef != 0.0f && p > 0.0f)
-          g[j] += ent_coef * p * (d + gc.entropy);
+      g[j] = gc.coef * FastExp2(d * kLog2e);
+    }
+    if (kOpt) {
+      SubtractSmoothing<kW>(weights, base, view.vocab, smooth_w, g);
+      // The entropy's term in a loop of its own (one uniform test a piece),
+      // which takes p again.
+      if (ent_coef != 0.0f) {
+#pragma unroll
+        for (int j = 0; j < kW; ++j) {
+          const float d = (x[j] - gc.shift) - gc.log_sum;
+          const float p = FastExp2(d * kLog2e);
+          // (0, not 0 * -inf, where p is 0)
+          if (p > 0.0f) g[j] += ent_coef * p * (d + gc.entropy);
+        }
       }
     }
     if (static_cast<unsigned>(target_in_row - base) <
@@ -669,11 +705,8 @@ __device__ __forceinline__ void TileGradFromExp(
     float g[kW];
     tile.Floats(r, g);
 #pragma unroll
-    for (int j = 0; j < kW; ++j) {
-      g[j] *= scale;
-      if (kOpt)
-        g[j] -= smooth_w * SmoothingWeight(weights, base + j, view.vocab);
-    }
+    for (int j = 0; j < kW; ++j) g[j] *= scale;
+    if (kOpt) SubtractSmoothing<kW>(weights, base, view.vocab, smooth_w, g);
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
   // The target's element again, from its logit: p - 1 through expm1, exact
