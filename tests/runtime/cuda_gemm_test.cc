@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -192,6 +193,31 @@ TEST(GemmTuningTest, AllZeroProductsChooseNothing) {
   GemmTuning patient;
   RunCalls(p, start, &patient, {0.0f, 0.0f, 0.0f});
   EXPECT_EQ(patient.size(), 2);  // the heuristic's first choice, kept
+}
+
+// LOSSRT_INITCHECK_GEMM_OUTPUTS=1 (for compute-sanitizer's initcheck) zeroes
+// the output of each call that does not read it: the same bits as without,
+// and an accumulating call (beta = 1) still adds to what D held.
+TEST(GemmTuningTest, InitcheckZeroingKeepsTheBits) {
+  SKIP_WITHOUT_GPU();
+  Problem p = MakeProblem();
+  const std::vector<uint32_t> start = Bits(p);
+  const std::vector<float> betas = {1.0f, 0.0f, 1.0f};
+  const std::vector<uint32_t> accumulate = RunCalls(p, start, nullptr, {1.0f});
+  const std::vector<uint32_t> chained = RunCalls(p, start, nullptr, betas);
+  ASSERT_EQ(setenv("LOSSRT_INITCHECK_GEMM_OUTPUTS", "1", 1), 0);
+  const std::vector<uint32_t> zeroed_accumulate =
+      RunCalls(p, start, nullptr, {1.0f});
+  const std::vector<uint32_t> zeroed_chained =
+      RunCalls(p, start, nullptr, betas);
+  GemmTuning tuning;
+  const std::vector<uint32_t> zeroed_tuned = RunCalls(p, start, &tuning, betas);
+  ASSERT_EQ(unsetenv("LOSSRT_INITCHECK_GEMM_OUTPUTS"), 0);
+  EXPECT_EQ(Mismatches(zeroed_accumulate, accumulate), 0);
+  EXPECT_EQ(Mismatches(zeroed_chained, chained), 0);
+  EXPECT_EQ(Mismatches(zeroed_tuned, chained), 0);
+  // D = AB + D differs from D = AB + (AB + D) (the comparison could fail).
+  EXPECT_GT(Mismatches(accumulate, chained), 0);
 }
 
 TEST(GemmTuningTest, DisabledTableTimesNothing) {
