@@ -276,10 +276,11 @@ void BackwardCpu(const Dims& d, const T* qkv, const T* out, const T* lse,
 // GPU.
 
 // kAuto's kernel for bf16 tensors with 16-byte aligned data, which both fused
-// kernels need: kFlash. kCudnn is the candidate measured against it; making
-// kAuto prefer cuDNN is this one line (a build without cuDNN then stays on
-// kFlash, and the workspace sizes follow).
-constexpr AttentionKernel kAutoFusedKernel = AttentionKernel::kFlash;
+// kernels need: kCudnn, whose kernels made the GPT-2-small training step on the
+// H200 about 10% faster than ours (bench/RESULTS.md). A build without cuDNN,
+// an lse that is not 16-byte aligned and a single token stay on kFlash, and
+// the workspace sizes follow.
+constexpr AttentionKernel kAutoFusedKernel = AttentionKernel::kCudnn;
 
 // cuDNN's SDPA refuses a single token (s_q = s_kv = 1).
 constexpr int64_t kMinCudnnSeq = 2;

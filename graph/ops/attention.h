@@ -30,7 +30,8 @@
 //     kernels': a forward and a backward of different kernels combine.
 //     Unimplemented in builds without cuDNN and its frontend headers (see
 //     third_party/repositories.bzl).
-//   - kAuto (default): kFlash where it applies, else kCublas.
+//   - kAuto (default): kCudnn where it applies (built with cuDNN, lse 16-byte
+//     aligned, seq >= 2), else kFlash where it applies, else kCublas.
 //
 //   RETURN_IF_ERROR(context.ReserveWorkspace(CausalAttentionWorkspaceBytes(
 //       context.device(), DType::kBF16, batch, seq, heads, head_dim)));

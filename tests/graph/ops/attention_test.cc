@@ -665,10 +665,18 @@ TEST(AttentionKernelTest, CudnnWorkspaceEstimate) {
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 0, 1,
                                           1, 8, cudnn),
             0);
-  // kAuto does not pick cuDNN yet: its figure is the flash kernels'.
+  // kAuto picks cuDNN where it is built in, else the flash kernels.
+  CausalAttentionOptions flash;
+  flash.kernel = AttentionKernel::kFlash;
+  EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
+                                          1024, 12, 64, flash),
+            16 * 12 * 1024 * 4 + 16 * 12 * (16 * 17 / 2) * 64 * 64 * 2);
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
                                           1024, 12, 64),
-            16 * 12 * 1024 * 4 + 16 * 12 * (16 * 17 / 2) * 64 * 64 * 2);
+            AttentionKernelBuilt(AttentionKernel::kCudnn).ok()
+                ? large
+                : CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16,
+                                                16, 1024, 12, 64, flash));
 }
 
 // ---------------------------------------------------------------------------
