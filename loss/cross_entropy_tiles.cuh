@@ -499,6 +499,8 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   // The entropy's gradient (kOpt kernels): p_j (d_j + H) times ent_coef.
   const float ent_coef = kOpt ? gc.ent_coef : 0.0f;
   const int target_in_row = TargetInRow(c.target, view.vocab);
+  bool holds_target = false;
+  float target_z = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
@@ -526,19 +528,13 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
         }
       }
     }
+    // The target's z, for its element below.
     if (static_cast<unsigned>(target_in_row - base) <
         static_cast<unsigned>(kW)) {
-      // The target's p - 1 through expm1, exact when p is near 1 (one element a
-      // row).
+      holds_target = true;
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        if (base + j == target_in_row) {
-          const float d = (x[j] - gc.shift) - gc.log_sum;
-          g[j] = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
-                 smooth_w * SmoothingWeight(weights, base + j, view.vocab);
-          if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)
-            g[j] += ent_coef * __expf(d) * (d + gc.entropy);
-        }
+        if (base + j == target_in_row) target_z = x[j];
       }
     }
     if (inv_cap > 0.0f) {
@@ -549,6 +545,22 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
       }
     }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
+  }
+  // The target's element again (one a row): p - 1 through expm1, exact when p
+  // is near 1. The thread that stored its piece above writes it, so the two
+  // stores are ordered. Out of the piece loop, expm1f is inlined once, not
+  // once a logit of the unrolled loop, whose registers it spilled.
+  if (holds_target && c.valid_target) {
+    const float d = (target_z - gc.shift) - gc.log_sum;
+    float g = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
+              smooth_w * SmoothingWeight(weights, target_in_row, view.vocab);
+    if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)
+      g += ent_coef * __expf(d) * (d + gc.entropy);
+    if (inv_cap > 0.0f) {
+      const float t = target_z * inv_cap;
+      g *= 1.0f - t * t;
+    }
+    grad_row[target_in_row] = FromFloat<G>(g);
   }
 }
 
