@@ -41,8 +41,8 @@
 // entropy accumulator a logit, and a second reduction a row, over the same
 // single read of the logits); a call without extras and entropy_weight = 0
 // runs the same kernels as one before the extras existed. entropy_weight also
-// takes the fused pass off its one-exponential path (a second exponential a
-// logit, as the soft cap does).
+// adds a logarithm a logit to the fused pass's gradient (a second exponential
+// a logit with the soft cap).
 //
 // Tensors: logits f32, bf16 or f16 [tokens, vocab] with row stride >= vocab;
 // targets i64 or i32 [tokens]; loss f32 [] (mean, sum) or [tokens] (none); lse

@@ -189,8 +189,8 @@ ReduceExtras(const RowStats& thread, const ExtraStats& extra, float row_max,
   }
 }
 
-// kExtras: the extras too (outputs only: a row with entropy_weight keeps its
-// logits and takes the exact pass).
+// kExtras: the extras too, and with entropy_weight the entropy's gradient
+// term (TileGradFromExp takes d_j from the kept e_j through a log).
 template <typename G, typename TileT, typename KeptT, int R, bool kOpt,
           bool kExtras>
 __device__ __forceinline__ void RowFromKeptExp(
@@ -359,9 +359,9 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
 // so that no mode's registers weigh on another's.
 enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 
-// kSoftcap (vectorized kOpt kernels only): the soft cap or the entropy's
-// gradient is on, so the row keeps its logits and takes the exact pass
-// (RowFromRegisters). kExtras: the extras' statistics too (HasExtras).
+// kSoftcap (vectorized kOpt kernels only): the soft cap is on, so the row
+// keeps its (capped) logits and takes the exact pass (RowFromRegisters).
+// kExtras: the extras' statistics too (HasExtras).
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
           int kMode, bool kSoftcap = false, bool kExtras = false>
 // Two CTAs an SM (64 registers a thread at kMaxThreads). The extras' kernels
@@ -546,14 +546,14 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
 }
 
 // The fused kernel for (T, G) rows, with the soft-capped variant where the cap
-// (or the entropy's gradient) is on, and the extras' variants where they are
-// asked for.
+// is on, and the extras' variants where they (or entropy_weight) are asked
+// for.
 template <typename T, typename G, bool kVec, bool kOpt, bool kExtras>
 cudaError_t LaunchFusedRowKernelOf(const RowArgs& args,
                                    const LaunchTuning& tuning, int num_sms,
                                    cudaStream_t stream) {
   if constexpr (kVec && kOpt) {
-    if (args.softcap > 0.0f || args.entropy_weight != 0.0f)
+    if (args.softcap > 0.0f)
       return LaunchRowKernelOf<T, G, kVec, true, kOpt, true, kExtras>(
           args, tuning, num_sms, stream);
   }

@@ -175,6 +175,16 @@ __device__ __forceinline__ float FastExp2(float x) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// log2 on the special-function unit (absolute error ~2^-22 near 1; -inf at
+// 0, flushing subnormals).
+__device__ __forceinline__ float FastLog2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLn2 = 0.6931471805599453f;
+
 // 1 / x on the special-function unit (relative error ~2^-23; flushes
 // subnormals).
 __device__ __forceinline__ float FastRcp(float x) {

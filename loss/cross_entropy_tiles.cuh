@@ -505,26 +505,25 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
     if (base >= view.vocab) continue;
-    float x[kW], g[kW];
+    float x[kW], g[kW], p[kW];
     tile.Unpack(r, base, view.vocab, softcap, unpack_inv_cap, x);
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       // The argument is formed before the scaling by log2(e): exact for the
       // large p.
       const float d = (x[j] - gc.shift) - gc.log_sum;
-      g[j] = gc.coef * FastExp2(d * kLog2e);
+      p[j] = FastExp2(d * kLog2e);
+      g[j] = gc.coef * p[j];
     }
     if (kOpt) {
       SubtractSmoothing<kW>(weights, base, view.vocab, smooth_w, g);
-      // The entropy's term in a loop of its own (one uniform test a piece),
-      // which takes p again.
+      // The entropy's term in a loop of its own (one uniform test a piece).
       if (ent_coef != 0.0f) {
 #pragma unroll
         for (int j = 0; j < kW; ++j) {
           const float d = (x[j] - gc.shift) - gc.log_sum;
-          const float p = FastExp2(d * kLog2e);
           // (0, not 0 * -inf, where p is 0)
-          if (p > 0.0f) g[j] += ent_coef * p * (d + gc.entropy);
+          if (p[j] > 0.0f) g[j] += ent_coef * p[j] * (d + gc.entropy);
         }
       }
     }
@@ -615,8 +614,8 @@ struct FloatTile {
 // The tile's statistics, its e written to `kept` (which may be the fp32 tile
 // itself: piece r is read before it is overwritten). kOpt: class weights or
 // label smoothing may be on, a soft cap may not (its gradient needs the capped
-// logits, which the kept e replace; so does the entropy's). kExtras: the
-// extras' statistics to `extra`.
+// logits, which the kept e replace; the entropy's takes its d_j from e_j).
+// kExtras: the extras' statistics to `extra`.
 template <typename TileT, int R, bool kOpt, bool kExtras = false,
           typename KeptT>
 __device__ __forceinline__ ExpTileStats
@@ -710,15 +709,35 @@ __device__ __forceinline__ void TileGradFromExp(
     scale = gc.coef *
             FastExp2(((ExpReference(ref) - gc.shift) - gc.log_sum) * kLog2e);
   }
+  // The entropy's term (kOpt, entropy_weight on): ent_coef * p_j * (d_j + H)
+  // with p_j = e_j * p_scale and d_j = z_j - lse = ln e_j + d_ref, the log
+  // on the special-function unit (one MUFU op a logit, as the exact pass's
+  // second exponential). A thread of only -inf logits adds nothing (its p are
+  // 0), nor does an element whose p is 0 (0, not 0 * -inf).
+  const float ent_coef = kOpt ? gc.ent_coef : 0.0f;
+  const bool entropy = ent_coef != 0.0f && ref != NegInf();
+  const float d_ref =
+      entropy ? (ExpReference(ref) - gc.shift) - gc.log_sum : 0.0f;
+  const float p_scale = entropy ? FastExp2(d_ref * kLog2e) : 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
     if (base >= view.vocab) continue;
-    float g[kW];
-    tile.Floats(r, g);
+    float e[kW], g[kW];
+    tile.Floats(r, e);
 #pragma unroll
-    for (int j = 0; j < kW; ++j) g[j] *= scale;
-    if (kOpt) SubtractSmoothing<kW>(weights, base, view.vocab, smooth_w, g);
+    for (int j = 0; j < kW; ++j) g[j] = e[j] * scale;
+    if (kOpt) {
+      SubtractSmoothing<kW>(weights, base, view.vocab, smooth_w, g);
+      if (entropy) {
+#pragma unroll
+        for (int j = 0; j < kW; ++j) {
+          const float p = e[j] * p_scale;
+          const float d = FastLog2(e[j]) * kLn2 + d_ref;
+          if (p > 0.0f) g[j] += ent_coef * p * (d + gc.entropy);
+        }
+      }
+    }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
   // The target's element again, from its logit: p - 1 through expm1, exact
@@ -727,11 +746,13 @@ __device__ __forceinline__ void TileGradFromExp(
   if (c.valid_target) {
     const int piece = static_cast<int>(c.target) / kW - view.first;
     if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
-      grad_row[c.target] = FromFloat<G>(
-          gc.coef * expm1f((target_logit - gc.shift) - gc.log_sum) +
-          (gc.coef - gc.target_coef) -
-          smooth_w *
-              SmoothingWeight(weights, static_cast<int>(c.target), view.vocab));
+      const float d = (target_logit - gc.shift) - gc.log_sum;
+      float g = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
+                smooth_w * SmoothingWeight(weights, static_cast<int>(c.target),
+                                           view.vocab);
+      if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)
+        g += ent_coef * __expf(d) * (d + gc.entropy);
+      grad_row[c.target] = FromFloat<G>(g);
     }
   }
 }
