@@ -321,6 +321,42 @@ class LinearCrossEntropyNode final : public Node {
                          bool with_bias)
       : options_(options), with_bias_(with_bias) {}
   const char* type() const override { return "LinearCrossEntropy"; }
+  // The block the op takes from the context's workspace, the larger of the
+  // training forward's (fused, no lse) and the evaluation forward's (with the
+  // accuracy), so that the graph's one reservation covers it: no step grows
+  // the workspace, and a captured step never tries to. Shapes and dtypes are
+  // the aux's: d_hidden [N, H] in the activation dtype (that of hidden, weight
+  // and bias, a parameter), d_weight [V, H] and d_bias [V].
+  int64_t WorkspaceBytes(const Device& device) const override {
+    if (aux.size() < 2 || aux[0].shape.size() != 2 ||
+        aux[1].shape.size() != 2) {
+      return 0;
+    }
+    LinearCrossEntropyShape shape;
+    shape.tokens = aux[0].shape[0];
+    shape.hidden = aux[0].shape[1];
+    shape.vocab = aux[1].shape[0];
+    shape.operand_type = aux[0].dtype;
+    shape.d_hidden_type = aux[0].dtype;
+    shape.d_weight_type = aux[1].dtype;
+    if (with_bias_ && aux.size() > 2) {
+      shape.bias_type = aux[0].dtype;
+      shape.d_bias_type = aux[2].dtype;
+    }
+    int64_t bytes = 0;
+    for (LinearCrossEntropyPass pass :
+         {LinearCrossEntropyPass::kForwardBackward,
+          LinearCrossEntropyPass::kForward}) {
+      shape.pass = pass;
+      shape.with_accuracy = pass == LinearCrossEntropyPass::kForward;
+      // Not ok (a budget too small for one chunk): the call itself fails and
+      // says why; nothing to reserve for it.
+      const absl::StatusOr<int64_t> needed =
+          LinearCrossEntropyWorkspaceBytes(device, shape, options_);
+      if (needed.ok()) bytes = std::max(bytes, *needed);
+    }
+    return bytes;
+  }
   // inputs: hidden, weight[, bias], targets; outputs: loss, accuracy
   // (evaluation only); aux: d_hidden, d_weight[, d_bias]
   absl::Status Forward(NodeRun& run, bool training) override {
