@@ -408,17 +408,42 @@ class CrossEntropyNode final : public Node {
   int InPlaceGradientInput() const override { return 0; }
   // inputs: logits, targets; outputs: loss, accuracy (evaluation only); aux:
   // lse
+  //
+  // A training forward whose logits' gradient is planned over the logits
+  // (InPlaceGradientInput: nothing else reads them, so nothing else adds to
+  // their gradient) runs the op's one pass: loss and gradient from one read of
+  // the logits, the gradient written over them, scaled by the loss's
+  // gradient (known before the backward, as for the linear cross-entropy
+  // head). Backward() then has nothing left to do. Otherwise the forward
+  // computes the loss and the lse, and Backward() reads the logits again.
   absl::Status Forward(NodeRun& run, bool training) override {
     const Tensor lse = run.aux(0);
+    const Tensor logits = run.input(0);
+    gradient_in_forward_ = false;
+    if (training) {
+      const Tensor* grad = run.input_grad(0);
+      if (grad != nullptr && grad->data == logits.data) {
+        const Tensor scale = run.loss_scale();
+        RETURN_IF_ERROR(CrossEntropyForwardBackward(
+            run.context(), logits, run.input(1), options_, run.output(0), &lse,
+            *grad, &scale));
+        gradient_in_forward_ = true;
+        return absl::OkStatus();
+      }
+    }
     CrossEntropyExtras extras;
     if (!training) extras.accuracy = run.output(1);
-    return CrossEntropyForward(run.context(), run.input(0), run.input(1),
-                               options_, run.output(0), &lse,
+    return CrossEntropyForward(run.context(), logits, run.input(1), options_,
+                               run.output(0), &lse,
                                training ? nullptr : &extras);
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* grad = run.input_grad(0);
     if (grad == nullptr) return absl::OkStatus();
+    if (gradient_in_forward_) {
+      gradient_in_forward_ = false;
+      return absl::OkStatus();
+    }
     if (run.accumulate(0)) {
       return absl::UnimplementedError(
           "CrossEntropy: logits consumed elsewhere too (their gradient "
@@ -431,6 +456,8 @@ class CrossEntropyNode final : public Node {
  private:
   CrossEntropyOptions options_;
   int64_t workspace_;
+  // The last training forward wrote the logits' gradient (the one pass).
+  bool gradient_in_forward_ = false;
 };
 
 }  // namespace
