@@ -92,13 +92,14 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // logits, whose raw tiles take half the registers. The 16-bit extras' kernels
 // (an argmax and a second sum a lane) spill at four or three and take two; the
 // fp32 extras' kernel spills a little at three, which measured faster than two
-// (bench/RESULTS.md, the extras). The 16-bit option kernels (soft cap, label
-// smoothing) take three: at four (64 registers) ptxas spilled ~200 bytes a
-// thread, at three (80) ~36, and they issue more than they read, so the
-// fourth block's loads in flight matter less.
-template <typename T, bool kOpt, bool kExtras = false>
+// (bench/RESULTS.md, the extras). The vectorized 16-bit option kernels (soft
+// cap, label smoothing) take three: at four (64 registers) ptxas spilled ~200
+// bytes a thread, at three (80) ~36, and they issue more than they read, so
+// the fourth block's loads in flight matter less. (The scalar kernel of
+// unaligned rows, kOpt whatever the options, does not spill at four.)
+template <typename T, bool kVec, bool kOpt, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  return sizeof(T) == 2 ? (kExtras ? 2 : kOpt ? 3 : 4) : 3;
+  return sizeof(T) == 2 ? (kExtras ? 2 : kVec && kOpt ? 3 : 4) : 3;
 }
 
 // The row's reduced extras (PackExtras) from a lane's partials once the row's
@@ -119,7 +120,8 @@ __device__ __forceinline__ RowStats WarpRowExtras(
 // kExtras: the extras' statistics too (HasExtras), from the first pass (the
 // exact pass of a dominated row redoes only the sum).
 template <typename T, bool kVec, bool kOpt, bool kFastSum, bool kExtras = false>
-__global__ void __launch_bounds__(256, WarpRowBlocksPerSm<T, kOpt, kExtras>())
+__global__ void __launch_bounds__(256,
+                                  WarpRowBlocksPerSm<T, kVec, kOpt, kExtras>())
     WarpRowKernel(RowArgs args, int warps_per_row) {
   constexpr int R = PiecesPerThread<T, kVec>();
   using TileT = Tile<T, R, kVec>;

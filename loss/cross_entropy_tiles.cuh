@@ -399,10 +399,11 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
       const int base = (view.first + r * view.stride) * kW;
       float x[kW];
       tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
-      if (smoothing)
+      if (smoothing) {
         AddWeightedSum<kW>(x, base, view.vocab, weights, s.weighted_sum);
-        // (x - max) first: exact for the largest terms, unlike a fused x*log2e
-        // - max*log2e, whose rounding is huge for large logits.
+      }
+      // (x - max) first: exact for the largest terms, unlike a fused x*log2e -
+      // max*log2e, whose rounding is huge for large logits.
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         const bool tie = x[j] == s.max;
