@@ -321,42 +321,6 @@ class LinearCrossEntropyNode final : public Node {
                          bool with_bias)
       : options_(options), with_bias_(with_bias) {}
   const char* type() const override { return "LinearCrossEntropy"; }
-  // The block the op takes from the context's workspace, the larger of the
-  // training forward's (fused, no lse) and the evaluation forward's (with the
-  // accuracy), so that the graph's one reservation covers it: no step grows
-  // the workspace, and a captured step never tries to. Shapes and dtypes are
-  // the aux's: d_hidden [N, H] in the activation dtype (that of hidden, weight
-  // and bias, a parameter), d_weight [V, H] and d_bias [V].
-  int64_t WorkspaceBytes(const Device& device) const override {
-    if (aux.size() < 2 || aux[0].shape.size() != 2 ||
-        aux[1].shape.size() != 2) {
-      return 0;
-    }
-    LinearCrossEntropyShape shape;
-    shape.tokens = aux[0].shape[0];
-    shape.hidden = aux[0].shape[1];
-    shape.vocab = aux[1].shape[0];
-    shape.operand_type = aux[0].dtype;
-    shape.d_hidden_type = aux[0].dtype;
-    shape.d_weight_type = aux[1].dtype;
-    if (with_bias_ && aux.size() > 2) {
-      shape.bias_type = aux[0].dtype;
-      shape.d_bias_type = aux[2].dtype;
-    }
-    int64_t bytes = 0;
-    for (LinearCrossEntropyPass pass :
-         {LinearCrossEntropyPass::kForwardBackward,
-          LinearCrossEntropyPass::kForward}) {
-      shape.pass = pass;
-      shape.with_accuracy = pass == LinearCrossEntropyPass::kForward;
-      // Not ok (a budget too small for one chunk): the call itself fails and
-      // says why; nothing to reserve for it.
-      const absl::StatusOr<int64_t> needed =
-          LinearCrossEntropyWorkspaceBytes(device, shape, options_);
-      if (needed.ok()) bytes = std::max(bytes, *needed);
-    }
-    return bytes;
-  }
   // inputs: hidden, weight[, bias], targets; outputs: loss, accuracy
   // (evaluation only); aux: d_hidden, d_weight[, d_bias]
   absl::Status Forward(NodeRun& run, bool training) override {
@@ -408,42 +372,17 @@ class CrossEntropyNode final : public Node {
   int InPlaceGradientInput() const override { return 0; }
   // inputs: logits, targets; outputs: loss, accuracy (evaluation only); aux:
   // lse
-  //
-  // A training forward whose logits' gradient is planned over the logits
-  // (InPlaceGradientInput: nothing else reads them, so nothing else adds to
-  // their gradient) runs the op's one pass: loss and gradient from one read of
-  // the logits, the gradient written over them, scaled by the loss's
-  // gradient (known before the backward, as for the linear cross-entropy
-  // head). Backward() then has nothing left to do. Otherwise the forward
-  // computes the loss and the lse, and Backward() reads the logits again.
   absl::Status Forward(NodeRun& run, bool training) override {
     const Tensor lse = run.aux(0);
-    const Tensor logits = run.input(0);
-    gradient_in_forward_ = false;
-    if (training) {
-      const Tensor* grad = run.input_grad(0);
-      if (grad != nullptr && grad->data == logits.data) {
-        const Tensor scale = run.loss_scale();
-        RETURN_IF_ERROR(CrossEntropyForwardBackward(
-            run.context(), logits, run.input(1), options_, run.output(0), &lse,
-            *grad, &scale));
-        gradient_in_forward_ = true;
-        return absl::OkStatus();
-      }
-    }
     CrossEntropyExtras extras;
     if (!training) extras.accuracy = run.output(1);
-    return CrossEntropyForward(run.context(), logits, run.input(1), options_,
-                               run.output(0), &lse,
+    return CrossEntropyForward(run.context(), run.input(0), run.input(1),
+                               options_, run.output(0), &lse,
                                training ? nullptr : &extras);
   }
   absl::Status Backward(NodeRun& run) override {
     const Tensor* grad = run.input_grad(0);
     if (grad == nullptr) return absl::OkStatus();
-    if (gradient_in_forward_) {
-      gradient_in_forward_ = false;
-      return absl::OkStatus();
-    }
     if (run.accumulate(0)) {
       return absl::UnimplementedError(
           "CrossEntropy: logits consumed elsewhere too (their gradient "
@@ -456,8 +395,6 @@ class CrossEntropyNode final : public Node {
  private:
   CrossEntropyOptions options_;
   int64_t workspace_;
-  // The last training forward wrote the logits' gradient (the one pass).
-  bool gradient_in_forward_ = false;
 };
 
 }  // namespace

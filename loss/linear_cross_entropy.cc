@@ -443,61 +443,34 @@ std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
   return blocks;
 }
 
-PlanInput PlanInputOf(const LinearCrossEntropyShape& shape,
-                      const LinearCrossEntropyOptions& options,
-                      DeviceKind device) {
+PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
+  const LinearCrossEntropyOptions& options = *problem.options;
   PlanInput in;
-  in.pass = shape.pass;
+  in.pass = problem.pass;
   in.device = device;
-  in.tokens = shape.tokens;
-  in.hidden = shape.hidden;
-  in.vocab = shape.vocab;
-  in.operand_type = shape.operand_type;
-  const bool backward = shape.pass != Pass::kForward;
-  if (backward) {
-    in.d_hidden_type = shape.d_hidden_type;
-    in.d_weight_type = shape.d_weight_type;
+  in.tokens = problem.tokens;
+  in.hidden = problem.hidden;
+  in.vocab = problem.vocab;
+  in.operand_type = problem.operand_type();
+  if (problem.gradients != nullptr) {
+    in.d_hidden_type = problem.gradients->d_hidden.dtype;
+    in.d_weight_type = problem.gradients->d_weight.dtype;
+    in.d_bias_f32 = !problem.gradients->d_bias.has_value() ||
+                    problem.gradients->d_bias->dtype == DType::kF32;
   }
-  in.has_bias = shape.bias_type.has_value();
-  in.bias_f32 = !in.has_bias || *shape.bias_type == DType::kF32;
-  in.d_bias_f32 = !backward || !in.has_bias || shape.d_bias_type == DType::kF32;
+  in.has_bias = problem.has_bias();
+  in.bias_f32 = !in.has_bias || problem.inputs->bias->dtype == DType::kF32;
   in.reduction_none = options.cross_entropy.reduction == Reduction::kNone;
-  in.lse_given = shape.with_lse || shape.pass == Pass::kBackward;
+  in.lse_given = problem.lse != nullptr;
   in.max_workspace_bytes = options.max_workspace_bytes;
   in.use_tf32 = options.use_tf32;
-  in.overlap_streams = options.overlap_streams;
+  // A captured stream records no second stream (nor its events).
+  in.overlap_streams = options.overlap_streams && !problem.capturing;
   in.schedule = options.schedule;
-  in.accuracy = shape.with_accuracy && shape.pass != Pass::kBackward;
-  in.entropy_gradient = options.cross_entropy.entropy_weight != 0.0f &&
-                        shape.pass == Pass::kForwardBackward;
-  return in;
-}
-
-LinearCrossEntropyShape ShapeOf(const Problem& problem) {
-  LinearCrossEntropyShape shape;
-  shape.pass = problem.pass;
-  shape.tokens = problem.tokens;
-  shape.hidden = problem.hidden;
-  shape.vocab = problem.vocab;
-  shape.operand_type = problem.operand_type();
-  if (problem.has_bias()) shape.bias_type = problem.inputs->bias->dtype;
-  if (problem.gradients != nullptr) {
-    shape.d_hidden_type = problem.gradients->d_hidden.dtype;
-    shape.d_weight_type = problem.gradients->d_weight.dtype;
-    if (problem.gradients->d_bias.has_value())
-      shape.d_bias_type = problem.gradients->d_bias->dtype;
-  }
-  shape.with_lse = problem.lse != nullptr;
-  shape.with_accuracy =
+  in.accuracy =
       problem.extras != nullptr && problem.extras->accuracy.has_value();
-  return shape;
-}
-
-PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
-  PlanInput in = PlanInputOf(ShapeOf(problem), *problem.options, device);
-  // A captured stream records no second stream (nor its events). The plan's
-  // layout, and so its block, does not depend on it.
-  in.overlap_streams = in.overlap_streams && !problem.capturing;
+  in.entropy_gradient = options.cross_entropy.entropy_weight != 0.0f &&
+                        problem.pass == Pass::kForwardBackward;
   return in;
 }
 
@@ -734,30 +707,6 @@ absl::Status Run(Context& context, Problem& problem) {
 
 }  // namespace
 }  // namespace lce
-
-absl::StatusOr<int64_t> LinearCrossEntropyWorkspaceBytes(
-    const Device& device, const LinearCrossEntropyShape& shape,
-    const LinearCrossEntropyOptions& options) {
-  if (shape.tokens < 0) {
-    return InvalidArgument("LinearCrossEntropyWorkspaceBytes: tokens ",
-                           shape.tokens, " must be >= 0");
-  }
-  if (shape.hidden < 1) {
-    return InvalidArgument("LinearCrossEntropyWorkspaceBytes: hidden ",
-                           shape.hidden, " must be >= 1");
-  }
-  RETURN_IF_ERROR(ce::CheckVocab(shape.vocab, "vocab"));
-  if (shape.operand_type != DType::kF32 && shape.operand_type != DType::kBF16 &&
-      shape.operand_type != DType::kF16) {
-    return InvalidArgument(
-        "LinearCrossEntropyWorkspaceBytes: operand_type must be f32, bf16 or "
-        "f16, got ",
-        DTypeName(shape.operand_type));
-  }
-  ASSIGN_OR_RETURN(const lce::Plan plan, lce::MakePlan(lce::PlanInputOf(
-                                             shape, options, device.kind)));
-  return plan.block_bytes;
-}
 
 absl::Status LinearCrossEntropyForward(Context& context,
                                        const LinearCrossEntropyInputs& inputs,

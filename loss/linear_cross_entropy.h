@@ -13,13 +13,6 @@
 //   RETURN_IF_ERROR(lossrt::LinearCrossEntropyForwardBackward(
 //       *context, {hidden, weight, /*bias=*/std::nullopt, targets}, options,
 //       loss, /*lse=*/nullptr, {d_hidden, d_weight, /*d_bias=*/std::nullopt}));
-//
-//   // Before capturing the call into a CUDA graph: its scratch, reserved.
-//   lossrt::LinearCrossEntropyShape shape;  // the fused call, bf16
-//   shape.tokens = N; shape.hidden = H; shape.vocab = V;
-//   ASSIGN_OR_RETURN(int64_t bytes, lossrt::LinearCrossEntropyWorkspaceBytes(
-//       context->device(), shape, options));
-//   RETURN_IF_ERROR(context->ReserveWorkspace(bytes));
 // clang-format on
 //
 // The loss and its options are exactly those of CrossEntropyForward on the full
@@ -63,14 +56,8 @@
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
 // per-token scratch and the share of the cuBLASLt workspace it uses) fits in
-// `max_workspace_bytes`. The scratch (all but the cuBLASLt share) is one block
-// taken from the context's workspace (Context::Workspace), the buffer that the
-// other ops of the context share: LinearCrossEntropyWorkspaceBytes gives its
-// size, and the call grows the workspace to it when it is smaller (a wait for
-// the stream, then an allocation), so that a call on a warm context allocates
-// nothing. A graph that runs this op beside others (attention's backward)
-// reserves the largest of their needs once. The CPU backend also keeps fp32
-// copies of 16-bit operands, outside the budget, on the context's allocator.
+// `max_workspace_bytes` and comes from the context's allocator (the CPU backend
+// also keeps fp32 copies of 16-bit operands, outside the budget).
 //
 // Errors: InvalidArgument, with nothing written, for invalid inputs (shapes,
 // dtypes, devices, null data, overlapping outputs, targets outside [0, V) that
@@ -93,11 +80,11 @@
 // the cross-entropy runs on the context's stream only (overlap_streams is
 // ignored: no second stream or event is created). The backward of f16 operands
 // with the mean reduction needs the number of counted tokens on the host (its
-// gradient scale) and fails there (FailedPrecondition). Nor may the context's
-// workspace grow inside a capture: a call that would grow it fails there
-// (FailedPrecondition) before launching anything, so reserve it first
-// (Context::ReserveWorkspace with LinearCrossEntropyWorkspaceBytes of the
-// captured calls, or run a call of the same shape and options eagerly).
+// gradient scale) and fails there (FailedPrecondition). The workspace block
+// comes from the context's allocator: run a call of the same shape before
+// capturing, so that the allocator's cache holds it (a miss inside a capture
+// calls cudaMalloc, which only a capture in cudaStreamCaptureModeRelaxed
+// allows).
 #ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 #define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_H_
 
@@ -105,11 +92,8 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "loss/cross_entropy.h"
 #include "runtime/context.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
 #include "runtime/tensor.h"
 
 namespace lossrt {
@@ -131,8 +115,7 @@ enum class LinearCrossEntropySchedule {
 
 struct LinearCrossEntropyOptions {
   CrossEntropyOptions cross_entropy;
-  // Bound on all temporary memory of one call, in bytes: the block it takes
-  // from the context's workspace and its share of the cuBLASLt workspace.
+  // Bound on all temporary memory of one call, in bytes.
   int64_t max_workspace_bytes = int64_t{1} << 30;
   // f32 operands: let the GEMMs use TF32 tensor cores (faster, about 1e-3
   // relative error).
@@ -184,43 +167,6 @@ absl::Status LinearCrossEntropyBackward(
     Context& context, const LinearCrossEntropyInputs& inputs, const Tensor& lse,
     const Tensor& grad_loss, const LinearCrossEntropyOptions& options,
     const LinearCrossEntropyGradients& gradients);
-
-// The three calls, for LinearCrossEntropyWorkspaceBytes.
-enum class LinearCrossEntropyPass {
-  kForward,          // LinearCrossEntropyForward
-  kForwardBackward,  // LinearCrossEntropyForwardBackward
-  kBackward,         // LinearCrossEntropyBackward
-};
-
-// What a call's scratch depends on besides its options: the call and the
-// shapes and dtypes of its arguments (not their data).
-struct LinearCrossEntropyShape {
-  LinearCrossEntropyPass pass = LinearCrossEntropyPass::kForwardBackward;
-  int64_t tokens = 0;                 // N
-  int64_t hidden = 0;                 // H
-  int64_t vocab = 0;                  // V
-  DType operand_type = DType::kBF16;  // hidden and weight
-  std::optional<DType> bias_type;     // std::nullopt: no bias
-  // The gradients' dtypes (the passes that write gradients).
-  DType d_hidden_type = DType::kBF16;
-  DType d_weight_type = DType::kF32;
-  DType d_bias_type = DType::kF32;
-  // An lse tensor is given (LinearCrossEntropyBackward always takes one).
-  bool with_lse = false;
-  // CrossEntropyExtras with an accuracy output are given.
-  bool with_accuracy = false;
-};
-
-// The bytes a call of `shape` with `options` on `device` takes from the
-// context's workspace (Context::Workspace; its share of the cuBLASLt
-// workspace is not included). At most `options.max_workspace_bytes`, and the
-// same inside and outside a CUDA graph capture. Reserve it
-// (Context::ReserveWorkspace) before capturing the call, or to keep the
-// workspace's growth out of the first call. InvalidArgument for sizes the
-// calls reject and for a budget too small for one chunk (as the calls).
-absl::StatusOr<int64_t> LinearCrossEntropyWorkspaceBytes(
-    const Device& device, const LinearCrossEntropyShape& shape,
-    const LinearCrossEntropyOptions& options);
 
 }  // namespace lossrt
 

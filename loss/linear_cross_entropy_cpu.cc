@@ -4,10 +4,9 @@
 // the GPU), then the gradient GEMMs in fp32. Also the CPU twins of the linear
 // cross-entropy's own kernels.
 //
-// The plan's block comes from the context's workspace, as on the GPU. Outside
-// the workspace budget, the CPU keeps fp32 copies of 16-bit hidden and weight
-// (Eigen does not multiply bf16 at speed; from the context's allocator, for the
-// call only) and fp32 staging for 16-bit gradient outputs.
+// Outside the workspace budget, the CPU keeps fp32 copies of 16-bit hidden and
+// weight (Eigen does not multiply bf16 at speed) and fp32 staging for 16-bit
+// gradient outputs.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
@@ -112,9 +111,9 @@ class CpuBackend final : public Backend {
  private:
   template <typename T = void>
   T* At(int64_t offset) const {
-    return offset < 0
-               ? nullptr
-               : reinterpret_cast<T*>(static_cast<char*>(block_) + offset);
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
   }
   absl::StatusOr<FloatMatrix> AsFloat(const Tensor& tensor, Buffer& copy);
   const void* Targets(int64_t row) const {
@@ -137,7 +136,7 @@ class CpuBackend final : public Backend {
   const CrossEntropyOptions& ce_;
   const DType operand_;
 
-  void* block_ = nullptr;  // plan_.block_bytes of the context's workspace
+  Buffer block_;
   Buffer hidden_copy_;
   Buffer weight_copy_;
   FloatMatrix hidden_;  // [N, H]
@@ -183,9 +182,7 @@ absl::StatusOr<FloatMatrix> CpuBackend::AsFloat(const Tensor& tensor,
 
 absl::Status CpuBackend::Begin() {
   const LinearCrossEntropyInputs& in = *problem_.inputs;
-  // The plan's one block, from the context's workspace (grown to it here when
-  // smaller). Nothing called while the block is held takes the workspace.
-  ASSIGN_OR_RETURN(block_, context_.Workspace(plan_.block_bytes));
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
   logits_ = At<float>(plan_.logits_offset);
   stats_ = At<ce::TargetStats>(plan_.stats_offset);
   row_loss_ = At<float>(plan_.row_loss_offset);

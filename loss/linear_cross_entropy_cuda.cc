@@ -12,12 +12,7 @@
 // parts, stream priorities, or fewer SMs for the cross-entropy with the GEMMs'
 // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET did no better.)
 // All GEMMs stay on the context's stream, so the one cuBLASLt workspace is
-// never shared. The plan's block (logits, accumulators, per-token scratch)
-// is the context's workspace (Context::Workspace), which nothing else takes
-// during the call: the target scan, the conversions, the GEMM runner (its
-// tuning included: the cuBLASLt workspace) and the cross-entropy kernels use
-// only the block's offsets and their own buffers. Compiled only with the CUDA
-// toolkit (LOSSRT_WITH_CUDA).
+// never shared. Compiled only with the CUDA toolkit (LOSSRT_WITH_CUDA).
 #ifdef LOSSRT_WITH_CUDA
 #include "loss/linear_cross_entropy_cuda.h"
 
@@ -58,9 +53,8 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     // Whatever happened, the context's stream must not run ahead of the side
-    // stream's use of the workspace block: the next op queued on it may take
-    // the context's workspace. (The side stream and the events are the
-    // context's.)
+    // stream's use of the workspace block, which goes back to the allocator's
+    // cache after this. (The side stream and the events are the context's.)
     if (side_ != nullptr) {
       if (cudaEventRecord(side_done_, side_) == cudaSuccess) {
         cudaStreamWaitEvent(main_, side_done_, 0);
@@ -75,9 +69,9 @@ class CudaBackend final : public Backend {
  private:
   template <typename T = void>
   T* At(int64_t offset) const {
-    return offset < 0
-               ? nullptr
-               : reinterpret_cast<T*>(static_cast<char*>(block_) + offset);
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<T*>(static_cast<char*>(block_.data()) +
+                                             offset);
   }
   const char* RowOf(const Tensor& tensor, int64_t row) const {
     return static_cast<const char*>(tensor.data) +
@@ -115,7 +109,7 @@ class CudaBackend final : public Backend {
   const int64_t e_;  // operand bytes
 
   std::optional<ScopedDevice> device_;
-  void* block_ = nullptr;  // plan_.block_bytes of the context's workspace
+  Buffer block_;
   cudaStream_t main_ = nullptr;
   cudaStream_t side_ = nullptr;
   cudaEvent_t logits_ready_[2] = {};
@@ -149,9 +143,7 @@ absl::Status CudaBackend::Begin() {
   ASSIGN_OR_RETURN(main_, CudaStreamOf(context_));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &num_sms_, cudaDevAttrMultiProcessorCount, context_.device().ordinal));
-  // The plan's one block, from the context's workspace (grown to it here when
-  // smaller). Nothing called while the block is held takes the workspace.
-  ASSIGN_OR_RETURN(block_, context_.Workspace(plan_.block_bytes));
+  ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
   logits_ = At<float>(plan_.logits_offset);
   stats_ = At<ce::TargetStats>(plan_.stats_offset);
   row_loss_ = At<float>(plan_.row_loss_offset);

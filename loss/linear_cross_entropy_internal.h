@@ -34,8 +34,7 @@
 namespace lossrt {
 namespace lce {
 
-// The public LinearCrossEntropyPass, under the internals' short name.
-using Pass = LinearCrossEntropyPass;
+enum class Pass { kForward, kForwardBackward, kBackward };
 
 // One call, validated by the driver before the plan. Pointers refer to the
 // caller's arguments; null = not given.
@@ -87,14 +86,6 @@ struct PlanInput {
   bool entropy_gradient = false;
 };
 
-// The plan input of a call of `shape` with `options`, outside a capture (the
-// one source of both a call's plan and LinearCrossEntropyWorkspaceBytes).
-PlanInput PlanInputOf(const LinearCrossEntropyShape& shape,
-                      const LinearCrossEntropyOptions& options,
-                      DeviceKind device);
-// The shape of a validated call (its arguments' sizes and dtypes).
-LinearCrossEntropyShape ShapeOf(const Problem& problem);
-// PlanInputOf(ShapeOf(problem), ...), with one stream while capturing.
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
 
 struct Plan {
@@ -130,7 +121,7 @@ struct Plan {
   int64_t ones_offset =
       -1;  // [N] ones in the operand dtype: d_bias as a GEMV (CUDA)
   int64_t stats_offset = 0;  // ce::TargetStats
-  int64_t block_bytes = 0;   // bytes taken from the context's workspace
+  int64_t block_bytes = 0;   // bytes allocated from the context's allocator
   int64_t gemm_workspace_bytes =
       0;                    // share of the context's cuBLASLt workspace used
   int64_t total_bytes = 0;  // block_bytes + gemm_workspace_bytes <= the budget
@@ -175,11 +166,8 @@ std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan);
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Takes the plan's block (plan.block_bytes) from the context's workspace,
-  // scans the targets (the mean's denominators), rejects invalid ones and
-  // prepares per-call state. Writes nothing the caller can see. Nothing that
-  // runs while the block is held (RunBlock, End) may take the context's
-  // workspace again: every temporary lives at its offset in the block.
+  // Scans the targets (the mean's denominators), rejects invalid ones and
+  // prepares per-call state. Writes nothing the caller can see.
   virtual absl::Status Begin() = 0;
   virtual absl::Status RunBlock(const Block& block) = 0;
   // Sums the loss, rounds fp32 accumulators to the output dtypes, joins

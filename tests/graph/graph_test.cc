@@ -2,24 +2,17 @@
 // or GeluMlp node's GEMM (whose gradient the memory plan may give the output
 // gradient's buffer) gives the gradients of an explicit Add, including when
 // the residual is also the node's x and when it has other consumers; the loss
-// head's in-place logits gradient gives the gradients of a separate buffer;
-// the graph's workspace reservation covers the fused loss head's block.
+// head's in-place logits gradient gives the gradients of a separate buffer.
 #include "graph/graph.h"
 
-#include <algorithm>
-#include <cmath>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "loss/linear_cross_entropy.h"
 #include "runtime/context.h"
-#include "runtime/status.h"
 #include "tests/gpu_test_util.h"
 #include "tests/graph/op_test_util.h"
 
@@ -139,36 +132,6 @@ TEST(GraphResidualTest, FusedResidualsMatchExplicitAdds) {
   }
 }
 
-// Parameters drawn from [-1, 1] (a seed per parameter), with their compute
-// copies.
-absl::Status RandomizeParameters(Context& context, Graph& g,
-                                 const std::vector<Value>& params,
-                                 uint64_t seed) {
-  for (const Value& p : params) {
-    const Tensor master = g.master(p);
-    ASSIGN_OR_RETURN(
-        OwnedTensor t,
-        FromHost(context, master.dtype, master.shape,
-                 test::RandomValues(master.numel(), seed + p.id, -1, 1)));
-    RETURN_IF_ERROR(CopyTensor(t.view, master, context));
-  }
-  return g.SyncComputeCopy();
-}
-
-// A batch of kRows ids below kVocab and targets below `target_vocab`, set as
-// the inputs, with the gradients zeroed.
-absl::Status SetRandomBatch(Graph& g, Value ids, Value targets,
-                            int64_t target_vocab, uint64_t seed) {
-  std::mt19937_64 engine(seed);
-  std::vector<int32_t> id_values(kRows), target_values(kRows);
-  for (int32_t& id : id_values) id = static_cast<int32_t>(engine() % kVocab);
-  for (int32_t& t : target_values)
-    t = static_cast<int32_t>(engine() % target_vocab);
-  RETURN_IF_ERROR(g.ZeroGradients());
-  RETURN_IF_ERROR(g.SetInput(ids, id_values));
-  return g.SetInput(targets, target_values);
-}
-
 // The unfused loss head writes the logits' gradient over the logits when
 // nothing else reads them (and gives the fused head's gradients); with another
 // reader the gradient keeps a buffer of its own.
@@ -199,8 +162,25 @@ TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
       if (!fused) {
         EXPECT_EQ(g.info(logits).grad_offset, g.info(logits).data_offset);
       }
-      ASSERT_OK(RandomizeParameters(*context, g, {table, out}, seed));
-      ASSERT_OK(SetRandomBatch(g, ids, targets, kVocab, seed));
+      for (const Value& p : {table, out}) {
+        const Tensor master = g.master(p);
+        ASSERT_OK_AND_ASSIGN(
+            OwnedTensor t,
+            FromHost(*context, master.dtype, master.shape,
+                     test::RandomValues(master.numel(), seed + p.id, -1, 1)));
+        ASSERT_OK(CopyTensor(t.view, master, *context));
+      }
+      ASSERT_OK(g.SyncComputeCopy());
+      std::mt19937_64 engine(seed);
+      std::vector<int32_t> id_values(kRows), target_values(kRows);
+      for (int32_t& id : id_values)
+        id = static_cast<int32_t>(engine() % kVocab);
+      for (int32_t& t : target_values) {
+        t = static_cast<int32_t>(engine() % kVocab);
+      }
+      ASSERT_OK(g.ZeroGradients());
+      ASSERT_OK(g.SetInput(ids, id_values));
+      ASSERT_OK(g.SetInput(targets, target_values));
       ASSERT_OK(g.Forward(/*training=*/true));
       ASSERT_OK(g.Backward());
       ASSERT_OK_AND_ASSIGN(float loss_value, g.ReadScalar(loss));
@@ -232,80 +212,6 @@ TEST(GraphLossHeadTest, LogitsGradientTakesTheLogitsBufferWhenItCan) {
   g.CrossEntropy(logits, targets, CrossEntropyOptions{});
   ASSERT_OK(g.Compile(*context));
   EXPECT_NE(g.info(logits).grad_offset, g.info(logits).data_offset);
-}
-
-// The fused loss head takes its block from the context's workspace: the
-// graph's one reservation (the largest of its nodes' needs) covers the
-// head's training forward and its evaluation forward, with and without a
-// bias, so that no pass grows the workspace (which a captured step could not
-// do). The head's vocabulary makes it the largest need.
-TEST(GraphLossHeadTest, WorkspaceReservationCoversTheFusedHead) {
-  constexpr int64_t kHeadVocab = 300;
-  const uint64_t seed = test::TestSeed();
-  const auto runs = test::TestRuns(DType::kF32, {DType::kF32, DType::kBF16});
-  for (const auto& [device, dtype] : runs) {
-    for (bool with_bias : {false, true}) {
-      SCOPED_TRACE(absl::StrCat(device.ToString(), " ", DTypeName(dtype),
-                                with_bias ? " with bias" : ""));
-      std::unique_ptr<Context> context = test::MakeContext(device);
-      ASSERT_NE(context, nullptr);
-      Graph g(dtype);
-      const Value ids = g.Input("ids", {kRows}, DType::kI32, kVocab);
-      const Value targets =
-          g.Input("targets", {kRows}, DType::kI32, kHeadVocab);
-      const Value table = g.Parameter("table", {kVocab, kWidth}, true);
-      const Value out = g.Parameter("out", {kHeadVocab, kWidth}, true);
-      std::vector<Value> params = {table, out};
-      std::optional<Value> bias;
-      if (with_bias) {
-        bias = g.Parameter("bias", {kHeadVocab}, false);
-        params.push_back(*bias);
-      }
-      LinearCrossEntropyOptions head;
-      // Several token chunks, so that the need is not the whole problem's.
-      head.max_workspace_bytes = 8 << 10;
-      const Value hidden = g.Embedding(ids, table, std::nullopt, kRows);
-      const Value loss = g.LinearCrossEntropy(hidden, out, bias, targets, head);
-      ASSERT_OK(g.Compile(*context));
-
-      LinearCrossEntropyShape shape;
-      shape.tokens = kRows;
-      shape.hidden = kWidth;
-      shape.vocab = kHeadVocab;
-      shape.operand_type = dtype;
-      shape.d_hidden_type = dtype;
-      shape.d_weight_type = DType::kF32;  // the accumulator dtype
-      if (with_bias) {
-        shape.bias_type = dtype;
-        shape.d_bias_type = DType::kF32;
-      }
-      shape.pass = LinearCrossEntropyPass::kForwardBackward;
-      ASSERT_OK_AND_ASSIGN(
-          const int64_t training,
-          LinearCrossEntropyWorkspaceBytes(device, shape, head));
-      shape.pass = LinearCrossEntropyPass::kForward;
-      shape.with_accuracy = true;
-      ASSERT_OK_AND_ASSIGN(
-          const int64_t evaluation,
-          LinearCrossEntropyWorkspaceBytes(device, shape, head));
-      EXPECT_GE(g.workspace_bytes(), std::max(training, evaluation));
-      const int64_t reserved = context->workspace_bytes();
-      EXPECT_GE(reserved, g.workspace_bytes());
-
-      ASSERT_OK(RandomizeParameters(*context, g, params, seed));
-      ASSERT_OK(SetRandomBatch(g, ids, targets, kHeadVocab, seed));
-      ASSERT_OK(g.Forward(/*training=*/true));
-      ASSERT_OK(g.Backward());
-      ASSERT_OK_AND_ASSIGN(const float training_loss, g.ReadScalar(loss));
-      ASSERT_OK(g.Forward(/*training=*/false));
-      ASSERT_OK_AND_ASSIGN(const float evaluation_loss, g.ReadScalar(loss));
-      EXPECT_TRUE(std::isfinite(training_loss));
-      EXPECT_NEAR(evaluation_loss, training_loss,
-                  (dtype == DType::kF32 ? 1e-5 : 1e-2) * training_loss);
-      EXPECT_EQ(context->workspace_bytes(), reserved)
-          << "a pass grew the context's workspace";
-    }
-  }
 }
 
 TEST(GraphResidualTest, RejectsAResidualOfAnotherShape) {

@@ -5,9 +5,7 @@
 // bytes of the same call run eagerly on one stream, and the bad values the
 // capture could not reject are counted in the context's deferred error count,
 // with NaN losses. What a capture cannot do fails cleanly: growing the
-// context's workspace (the cross-entropy's and the linear cross-entropy's,
-// which work once it is reserved), the f16 mean's backward of the linear
-// cross-entropy.
+// context's workspace, the f16 mean's backward of the linear cross-entropy.
 // The GPU cases (suites *CudaGraphTest, so that run_gpu_tests.sh --sanitize
 // picks them) skip without a GPU; the host-side decisions are checked on the
 // CPU: a capturing linear cross-entropy plans one stream, and a CPU context's
@@ -542,96 +540,6 @@ TEST(LinearCrossEntropyCudaGraphTest, F16MeanBackwardIsRefusedInACapture) {
       EXPECT_EQ(context.TakeDeferredErrorCount().value_or(-1), 0);
     }
   }
-}
-
-// The linear cross-entropy's block is the context's workspace: on a fresh
-// context its capture fails cleanly (FailedPrecondition, nothing launched)
-// until LinearCrossEntropyWorkspaceBytes is reserved; with that reserved an
-// eager call does not grow the workspace, the capture works, and its replay
-// writes the bytes of the eager call on one stream.
-TEST(LinearCrossEntropyCudaGraphTest, CapturesOnceItsWorkspaceIsReserved) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(test::TestSeed());
-  absl::StatusOr<std::unique_ptr<Context>> created = GpuContext();
-  ASSERT_OK(created.status());
-  Context& context = **created;
-  absl::StatusOr<cudaStream_t> stream = CudaStreamOf(context);
-  ASSERT_OK(stream.status());
-  const int64_t n = Pick(rng, 64, 600), h = 8 * Pick(rng, 4, 64),
-                v = Pick(rng, 100, 3000);
-  absl::StatusOr<Array> hidden = MakeArray(context, DType::kBF16, {n, h});
-  absl::StatusOr<Array> weight = MakeArray(context, DType::kBF16, {v, h});
-  absl::StatusOr<Array> bias = MakeArray(context, DType::kBF16, {v});
-  absl::StatusOr<Array> targets = MakeArray(context, DType::kI64, {n});
-  absl::StatusOr<Array> loss = MakeArray(context, DType::kF32, {});
-  absl::StatusOr<Array> d_hidden = MakeArray(context, DType::kBF16, {n, h});
-  absl::StatusOr<Array> d_weight = MakeArray(context, DType::kF32, {v, h});
-  absl::StatusOr<Array> d_bias = MakeArray(context, DType::kF32, {v});
-  for (auto* made : {&hidden, &weight, &bias, &targets, &loss, &d_hidden,
-                     &d_weight, &d_bias})
-    ASSERT_OK(made->status());
-  ASSERT_OK(FillNormal(hidden->view(), rng(), 0.0f, 1.0f, context));
-  ASSERT_OK(FillNormal(weight->view(), rng(), 0.0f, 0.1f, context));
-  ASSERT_OK(FillNormal(bias->view(), rng(), 0.0f, 0.5f, context));
-  for (int64_t i = 0; i < n; ++i)
-    Elements<int64_t>(*targets)[i] = Pick(rng, 0, v - 1);
-  ASSERT_OK(Upload(context, *targets));
-  const LinearCrossEntropyInputs inputs{hidden->view(), weight->view(),
-                                        bias->view(), targets->view()};
-  const LinearCrossEntropyGradients gradients{d_hidden->view(),
-                                              d_weight->view(), d_bias->view()};
-  LinearCrossEntropyOptions options;  // validate_targets, overlap_streams
-  LinearCrossEntropyOptions one_stream = options;
-  one_stream.overlap_streams = false;
-  auto call = [&](const LinearCrossEntropyOptions& o) {
-    return LinearCrossEntropyForwardBackward(context, inputs, o, loss->view(),
-                                             nullptr, gradients);
-  };
-
-  {
-    CapturedGraph graph;
-    const absl::Status captured =
-        graph.Capture(*stream, [&] { return call(options); });
-    EXPECT_EQ(captured.code(), absl::StatusCode::kFailedPrecondition)
-        << captured;
-  }
-  LinearCrossEntropyShape shape;
-  shape.tokens = n;
-  shape.hidden = h;
-  shape.vocab = v;
-  shape.operand_type = DType::kBF16;
-  shape.bias_type = DType::kBF16;
-  shape.d_hidden_type = DType::kBF16;
-  shape.d_weight_type = DType::kF32;
-  shape.d_bias_type = DType::kF32;
-  const absl::StatusOr<int64_t> bytes =
-      LinearCrossEntropyWorkspaceBytes(context.device(), shape, options);
-  ASSERT_OK(bytes.status());
-  ASSERT_OK(context.ReserveWorkspace(*bytes));
-
-  std::vector<Array*> outputs = {&*loss, &*d_hidden, &*d_weight, &*d_bias};
-  auto download = [&]() -> std::vector<std::vector<uint8_t>> {
-    std::vector<std::vector<uint8_t>> downloaded;
-    for (Array* array : outputs) {
-      EXPECT_TRUE(Download(context, *array).ok());
-      downloaded.push_back(array->host);
-    }
-    return downloaded;
-  };
-  ASSERT_OK(call(options));
-  EXPECT_EQ(context.workspace_bytes(), *bytes) << "the eager call grew it";
-  for (Array* array : outputs) ASSERT_OK(Poison(context, *array));
-  ASSERT_OK(call(one_stream));
-  const std::vector<std::vector<uint8_t>> eager = download();
-  EXPECT_TRUE(std::isfinite(Elements<float>(*loss)[0]));
-
-  CapturedGraph graph;
-  ASSERT_OK(graph.Capture(*stream, [&] { return call(options); }));
-  EXPECT_EQ(context.workspace_bytes(), *bytes);
-  for (Array* array : outputs) ASSERT_OK(Poison(context, *array));
-  ASSERT_OK(graph.Replay(*stream));
-  EXPECT_TRUE(download() == eager);
-  EXPECT_EQ(context.TakeDeferredErrorCount().value_or(-1), 0);
 }
 
 #else  // !LOSSRT_WITH_CUDA

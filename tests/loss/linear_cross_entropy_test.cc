@@ -524,31 +524,6 @@ class Harness {
     return in;
   }
 
-  // The shape of a call on the harness's arrays (LinearCrossEntropyShape).
-  LinearCrossEntropyShape CallShape(LinearCrossEntropyPass pass,
-                                    bool with_lse) const {
-    LinearCrossEntropyShape shape;
-    shape.pass = pass;
-    shape.tokens = s_.n;
-    shape.hidden = s_.h;
-    shape.vocab = s_.v;
-    shape.operand_type = dtype_;
-    shape.d_hidden_type = d_hidden.dtype;
-    shape.d_weight_type = d_weight.dtype;
-    if (s_.bias != BiasKind::kNone) {
-      shape.bias_type = bias.dtype;
-      shape.d_bias_type = d_bias.dtype;
-    }
-    shape.with_lse = with_lse;
-    return shape;
-  }
-  // What LinearCrossEntropyWorkspaceBytes reports for that call.
-  absl::StatusOr<int64_t> WorkspaceBytesOf(LinearCrossEntropyPass pass,
-                                           bool with_lse) const {
-    return LinearCrossEntropyWorkspaceBytes(context_->device(),
-                                            CallShape(pass, with_lse), options);
-  }
-
   std::vector<Array*> Outputs() {
     std::vector<Array*> outputs = {&loss, &lse, &d_hidden, &d_weight};
     if (gradients.d_bias.has_value()) outputs.push_back(&d_bias);
@@ -744,26 +719,11 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
   ASSERT_OK(Upload(context, h.grad_loss));
   const Expected expected_scaled = Reference(s, data, grad_loss);
 
-  // Each call takes its block from the context's workspace: the workspace
-  // grows to exactly what LinearCrossEntropyWorkspaceBytes reports when it
-  // was smaller (so the report is what the call needs, no less and no more),
-  // and stays as it was otherwise.
-  using Pass = LinearCrossEntropyPass;
-  auto expect_workspace = [&](Pass pass, bool with_lse, int64_t before,
-                              const char* what) {
-    SCOPED_TRACE(what);
-    const absl::StatusOr<int64_t> reported = h.WorkspaceBytesOf(pass, with_lse);
-    ASSERT_OK(reported.status());
-    EXPECT_LE(*reported, h.options.max_workspace_bytes);
-    EXPECT_EQ(context.workspace_bytes(), std::max(before, *reported));
-  };
-
   // Fused, with lse; the peak of the context's allocator stays within the
-  // budget, and what stays allocated after the call is the workspace alone.
+  // budget.
   ASSERT_OK(h.PoisonOutputs());
   ASSERT_OK(context.Synchronize());
   const int64_t base = context.allocator().current_bytes();
-  const int64_t workspace_before = context.workspace_bytes();
   context.allocator().ResetPeak();
   ASSERT_OK(LinearCrossEntropyForwardBackward(
       context, h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
@@ -773,40 +733,18 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
     EXPECT_LE(context.allocator().peak_bytes() - base,
               h.options.max_workspace_bytes);
   }
-  expect_workspace(Pass::kForwardBackward, true, workspace_before, "fused");
-  if (workspace_before == 0) {
-    // (A fresh context: the allocator now holds one more block, the
-    // workspace's, rounded up as the allocator rounds.)
-    const int64_t grown = context.workspace_bytes();
-    EXPECT_GE(context.allocator().current_bytes() - base, grown);
-    EXPECT_LE(context.allocator().current_bytes() - base,
-              2 * (grown + (int64_t{2} << 20)));
-  }
   ASSERT_OK(h.DownloadOutputs());
   ExpectWrittenExactly(h.loss, "fused loss");
   ExpectWrittenExactly(h.lse, "fused lse");
   ExpectLossAndLse(h, s, expected, true, "fused");
   ExpectGradients(h, dtype, expected, "fused");
 
-  // The same bytes again, from the warm context: the call allocates nothing
-  // (on the CPU with 16-bit operands only its fp32 operand copies, which it
-  // frees) and leaves the workspace as it was.
+  // The same bytes again.
   std::vector<Bytes> first;
   for (Array* array : h.Outputs()) first.push_back(array->host);
   ASSERT_OK(h.PoisonOutputs());
-  ASSERT_OK(context.Synchronize());
-  const int64_t warm = context.allocator().current_bytes();
-  const int64_t warm_workspace = context.workspace_bytes();
-  context.allocator().ResetPeak();
   ASSERT_OK(LinearCrossEntropyForwardBackward(
       context, h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
-  ASSERT_OK(context.Synchronize());
-  EXPECT_EQ(context.allocator().current_bytes(), warm);
-  if (param.gpu || dtype == DType::kF32) {
-    EXPECT_EQ(context.allocator().peak_bytes(), warm)
-        << "a warm call allocated";
-  }
-  EXPECT_EQ(context.workspace_bytes(), warm_workspace);
   ASSERT_OK(h.DownloadOutputs());
   for (size_t k = 0; k < first.size(); ++k) {
     EXPECT_TRUE(first[k] == h.Outputs()[k]->host)
@@ -815,21 +753,17 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
 
   // Fused with an incoming gradient, without lse.
   ASSERT_OK(h.PoisonOutputs());
-  int64_t before = context.workspace_bytes();
   ASSERT_OK(LinearCrossEntropyForwardBackward(context, h.inputs, h.options,
                                               h.loss.view, nullptr, h.gradients,
                                               &h.grad_loss.view));
-  expect_workspace(Pass::kForwardBackward, false, before, "fused, no lse");
   ASSERT_OK(h.DownloadOutputs());
   ExpectLossAndLse(h, s, expected, false, "fused with grad_loss");
   ExpectGradients(h, dtype, expected_scaled, "fused with grad_loss");
 
   // Split: forward (loss and lse), then backward from that lse.
   ASSERT_OK(h.PoisonOutputs());
-  before = context.workspace_bytes();
   ASSERT_OK(LinearCrossEntropyForward(context, h.inputs, h.options, h.loss.view,
                                       &h.lse.view));
-  expect_workspace(Pass::kForward, true, before, "forward");
   ASSERT_OK(h.DownloadOutputs());
   ExpectWrittenExactly(h.loss, "forward loss");
   ExpectWrittenExactly(h.lse, "forward lse");
@@ -841,10 +775,8 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
           << "forward wrote a gradient";
     }
   }
-  before = context.workspace_bytes();
   ASSERT_OK(LinearCrossEntropyBackward(
       context, h.inputs, h.lse.view, h.grad_loss.view, h.options, h.gradients));
-  expect_workspace(Pass::kBackward, true, before, "backward");
   ASSERT_OK(h.DownloadOutputs());
   ExpectGradients(h, dtype, expected_scaled, "split backward");
 }
@@ -960,80 +892,6 @@ lce::PlanInput BenchPlanInput(int64_t n, int64_t h, int64_t v, int64_t budget,
 // shapes run token chunks of >= 1024 tokens with an fp32 d_weight; a 16-bit
 // d_weight whose fp32 accumulator does not fit switches to the two-pass
 // schedule rather than fail.
-// LinearCrossEntropyWorkspaceBytes refuses what the calls refuse (sizes,
-// operand dtypes, a budget too small for one chunk), stays within the budget,
-// and does not depend on overlap_streams (a capture plans one stream with the
-// same block).
-TEST(LinearCrossEntropyPlanTest, WorkspaceBytesFollowTheBudget) {
-  std::mt19937_64 rng(test::TestSeed());
-  auto pick = [&](int64_t low, int64_t high) {
-    return std::uniform_int_distribution<int64_t>(low, high)(rng);
-  };
-  const DType operand_types[] = {DType::kF32, DType::kBF16, DType::kF16};
-  int feasible = 0;
-  for (int trial = 0; trial < 500; ++trial) {
-    LinearCrossEntropyShape shape;
-    shape.pass = static_cast<LinearCrossEntropyPass>(pick(0, 2));
-    shape.tokens = pick(0, 3000);
-    shape.hidden = pick(1, 2048);
-    shape.vocab = pick(1, 60000);
-    shape.operand_type = operand_types[pick(0, 2)];
-    if (pick(0, 1))
-      shape.bias_type = pick(0, 1) ? DType::kF32 : shape.operand_type;
-    shape.d_hidden_type = pick(0, 1) ? DType::kF32 : shape.operand_type;
-    shape.d_weight_type = pick(0, 1) ? DType::kF32 : shape.operand_type;
-    shape.with_lse = pick(0, 1);
-    shape.with_accuracy = pick(0, 1);
-    LinearCrossEntropyOptions options;
-    options.max_workspace_bytes = int64_t{1} << pick(12, 31);
-    options.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 2));
-    const Device device = pick(0, 1) ? Device::Cuda(0) : Device::Cpu();
-    SCOPED_TRACE(testing::Message()
-                 << "trial " << trial << " N=" << shape.tokens
-                 << " H=" << shape.hidden << " V=" << shape.vocab
-                 << " budget=" << options.max_workspace_bytes);
-    const absl::StatusOr<int64_t> bytes =
-        LinearCrossEntropyWorkspaceBytes(device, shape, options);
-    if (!bytes.ok()) {
-      EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(std::string(bytes.status().message()).find("needs at least"),
-                std::string::npos)
-          << bytes.status();
-      continue;
-    }
-    ++feasible;
-    EXPECT_GT(*bytes, 0);
-    EXPECT_LE(*bytes, options.max_workspace_bytes);
-    LinearCrossEntropyOptions one_stream = options;
-    one_stream.overlap_streams = false;
-    EXPECT_EQ(LinearCrossEntropyWorkspaceBytes(device, shape, one_stream)
-                  .value_or(-1),
-              *bytes);
-  }
-  EXPECT_GT(feasible, 100);  // (budgets up to 2 GiB fit most trials)
-  LinearCrossEntropyShape shape;
-  shape.tokens = 64;
-  shape.hidden = 32;
-  shape.vocab = 100;
-  const LinearCrossEntropyOptions options;
-  ASSERT_OK(
-      LinearCrossEntropyWorkspaceBytes(Device::Cpu(), shape, options).status());
-  for (int bad = 0; bad < 5; ++bad) {
-    LinearCrossEntropyShape wrong = shape;
-    LinearCrossEntropyOptions tight = options;
-    if (bad == 0) wrong.tokens = -1;
-    if (bad == 1) wrong.hidden = 0;
-    if (bad == 2) wrong.vocab = 0;
-    if (bad == 3) wrong.operand_type = DType::kF64;
-    if (bad == 4) tight.max_workspace_bytes = 1000;
-    EXPECT_EQ(LinearCrossEntropyWorkspaceBytes(Device::Cpu(), wrong, tight)
-                  .status()
-                  .code(),
-              absl::StatusCode::kInvalidArgument)
-        << "case " << bad;
-  }
-}
-
 TEST(LinearCrossEntropyPlanTest, BenchmarkShapes) {
   const int64_t shapes[][3] = {{4096, 4096, 128256},
                                {16384, 4096, 128256},
@@ -1286,108 +1144,6 @@ TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
   h.options.max_workspace_bytes = std::stoll(message.substr(at + 15));
   ASSERT_OK(LinearCrossEntropyForwardBackward(
       h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
-}
-
-// With the workspace reserved to the largest of the four calls' reports (as a
-// graph does before capturing) and filled with NaN bytes, every call of every
-// scenario gives the reference's results, allocates nothing from the
-// context's allocator and leaves the workspace at the reserved size: the
-// reports cover the calls, and the calls read nothing of the block that they
-// did not write. (f32 operands on the CPU, whose 16-bit operands get fp32
-// copies from the allocator; bf16 on the GPU.)
-TEST_P(LinearCrossEntropyTest, ReservedWorkspaceServesEveryCallUnallocated) {
-  using Pass = LinearCrossEntropyPass;
-  const DType dtype = GetParam() ? DType::kBF16 : DType::kF32;
-  const uint64_t seed = test::TestSeed();
-  for (const Scenario& s : Scenarios()) {
-    SCOPED_TRACE(s.name);
-    const Data data = MakeData(s, dtype, seed);
-    Harness h(s, dtype);
-    ASSERT_OK(h.Init(device(), data));
-    Context& context = h.context();
-    if (s.smallest_budget) {
-      h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
-    }
-    const struct {
-      Pass pass;
-      bool with_lse;
-    } calls[] = {{Pass::kForwardBackward, true},
-                 {Pass::kForwardBackward, false},
-                 {Pass::kForward, true},
-                 {Pass::kBackward, true}};
-    int64_t reserved = 0;
-    for (const auto& call : calls) {
-      const absl::StatusOr<int64_t> bytes =
-          h.WorkspaceBytesOf(call.pass, call.with_lse);
-      ASSERT_OK(bytes.status());
-      EXPECT_GT(*bytes, 0);
-      reserved = std::max(reserved, *bytes);
-    }
-    ASSERT_OK(context.ReserveWorkspace(reserved));
-    ASSERT_EQ(context.workspace_bytes(), reserved);
-    {
-      absl::StatusOr<void*> workspace = context.Workspace(reserved);
-      ASSERT_OK(workspace.status());
-      const int64_t floats = reserved / 4;  // (a multiple of 256 bytes)
-      Bytes nan_bytes(4 * floats, 0);
-      Poison(DType::kF32, nan_bytes);
-      ASSERT_OK(CopyTensor(
-          Tensor::Of(nan_bytes.data(), DType::kF32, {floats}, Device::Cpu()),
-          Tensor::Of(*workspace, DType::kF32, {floats}, context.device()),
-          context));
-      ASSERT_OK(context.Synchronize());
-    }
-    // The backward's incoming gradient is 1, as the fused call's implicit one.
-    const Expected expected = Reference(s, data, {});
-    for (int64_t i = 0; i < h.grad_loss.numel(); ++i) h.grad_loss.Set(i, 1.0);
-    ASSERT_OK(Upload(context, h.grad_loss));
-    for (const auto& call : calls) {
-      SCOPED_TRACE(absl::StrCat("pass ", static_cast<int>(call.pass),
-                                call.with_lse ? " with lse" : ""));
-      if (call.pass == Pass::kBackward) {
-        // (The lse is the forward's, the backward's input.)
-        ASSERT_OK(PoisonArray(context, h.d_hidden));
-        ASSERT_OK(PoisonArray(context, h.d_weight));
-        if (h.gradients.d_bias.has_value())
-          ASSERT_OK(PoisonArray(context, h.d_bias));
-      } else {
-        ASSERT_OK(h.PoisonOutputs());
-      }
-      ASSERT_OK(context.Synchronize());
-      const int64_t base = context.allocator().current_bytes();
-      context.allocator().ResetPeak();
-      const Tensor* lse = call.with_lse ? &h.lse.view : nullptr;
-      absl::Status status;
-      switch (call.pass) {
-        case Pass::kForwardBackward:
-          status = LinearCrossEntropyForwardBackward(
-              context, h.inputs, h.options, h.loss.view, lse, h.gradients);
-          break;
-        case Pass::kForward:
-          status = LinearCrossEntropyForward(context, h.inputs, h.options,
-                                             h.loss.view, lse);
-          break;
-        case Pass::kBackward:
-          // From the lse of the forward before.
-          status = LinearCrossEntropyBackward(context, h.inputs, h.lse.view,
-                                              h.grad_loss.view, h.options,
-                                              h.gradients);
-          break;
-      }
-      ASSERT_OK(status);
-      ASSERT_OK(context.Synchronize());
-      EXPECT_EQ(context.allocator().peak_bytes(), base) << "the call allocated";
-      EXPECT_EQ(context.allocator().current_bytes(), base);
-      EXPECT_EQ(context.workspace_bytes(), reserved) << "the workspace grew";
-      ASSERT_OK(h.DownloadOutputs());
-      if (call.pass != Pass::kBackward) {
-        ExpectLossAndLse(h, s, expected, call.with_lse, "reserved");
-      }
-      if (call.pass != Pass::kForward) {
-        ExpectGradients(h, dtype, expected, "reserved");
-      }
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LinearCrossEntropyTest, testing::Bool(),
