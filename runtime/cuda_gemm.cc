@@ -134,8 +134,16 @@ GemmRunner::GemmRunner(cublasLtHandle_t handle, void* workspace,
 absl::Status GemmRunner::Launch(const Entry& entry,
                                 const cublasLtMatmulAlgo_t& algo,
                                 const GemmCall& call, cudaStream_t stream) {
-  if (zero_outputs_first_ && call.beta == 0.0f &&
-      (call.c == nullptr || call.c == call.d) && call.m > 0 && call.n > 0) {
+  // D is not read when beta = 0 or when C is another buffer (a residual added
+  // in the epilogue), which then must not share a byte with D.
+  const bool reads_d =
+      call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
+  const int64_t d_element = ElementBytes(call.d_type);
+  const bool c_apart =
+      call.c == nullptr || call.c == call.d ||
+      !SpanOf(call.c, call.m, call.n, call.ld_d, d_element)
+           .Overlaps(SpanOf(call.d, call.m, call.n, call.ld_d, d_element));
+  if (zero_outputs_first_ && !reads_d && c_apart && call.m > 0 && call.n > 0) {
     // Column-major [m, n]: n columns of m elements, ld apart (see the
     // constructor: for initcheck runs only).
     const int64_t element = ElementBytes(call.d_type);

@@ -122,13 +122,13 @@ class GemmRunner {
   // the runner. Tuning needs at least 8 bytes of workspace.
   //
   // With the environment variable LOSSRT_INITCHECK_GEMM_OUTPUTS=1 (read once,
-  // here) every call that does not read its output (beta = 0, C = D or none)
-  // zeroes D (and a GELU epilogue's aux output) on the stream first. That is
-  // for runs under `compute-sanitizer --tool initcheck` only (tools/
-  // run_gpu_tests.sh sets it): the tool does not see the stores of cuBLASLt's
-  // Hopper kernels (TMA), so every later read of a GEMM's output would be
-  // reported as uninitialized; the zeroed bytes are then overwritten by the
-  // GEMM, and reads beyond its output are still caught.
+  // here) every call that does not read its output (beta = 0, or C a buffer
+  // apart from D) zeroes D (and a GELU epilogue's aux output) on the stream
+  // first. That is for runs under `compute-sanitizer --tool initcheck` only
+  // (tools/ run_gpu_tests.sh sets it): the tool does not see the stores of
+  // cuBLASLt's Hopper kernels (TMA), so every later read of a GEMM's output
+  // would be reported as uninitialized; the zeroed bytes are then overwritten
+  // by the GEMM, and reads beyond its output are still caught.
   GemmRunner(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
              cublasComputeType_t compute_type, GemmTuning* tuning = nullptr);
   GemmRunner(const GemmRunner&) = delete;

@@ -957,15 +957,17 @@ TEST(AttentionGpuWorkspaceTest, ReservedWorkspaceIsEnough) {
     EXPECT_EQ(r.poisoned, 0);
     EXPECT_EQ(gpu->workspace_bytes(), reserved);
   }
-  // GPT-2 small's layer on the default (flash) path: the backward's delta,
-  // batch * heads * seq floats, and dS in bf16, 64 x 64 tiles for the 16 * 17
-  // / 2 block pairs of the causal triangle of every (batch, head).
+  // GPT-2 small's layer on the flash path: the backward's delta, batch *
+  // heads * seq floats, and dS in bf16, 64 x 64 tiles for the 16 * 17 / 2
+  // block pairs of the causal triangle of every (batch, head).
+  CausalAttentionOptions flash;
+  flash.kernel = AttentionKernel::kFlash;
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
-                                          1024, 12, 64),
+                                          1024, 12, 64, flash),
             16 * 12 * 1024 * 4 + 16 * 12 * (16 * 17 / 2) * 64 * 64 * 2);
   // Past 256 MiB of dS the dQ kernel recomputes it: only delta.
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 16,
-                                          2048, 12, 64),
+                                          2048, 12, 64, flash),
             16 * 12 * 2048 * 4);
 }
 
