@@ -131,33 +131,40 @@ GemmRunner::GemmRunner(cublasLtHandle_t handle, void* workspace,
       zero_first != nullptr && std::strcmp(zero_first, "1") == 0;
 }
 
+// For initcheck runs only (see the constructor): zeroes D, and a GELU
+// epilogue's aux output, where the call does not read D: beta = 0, or C a
+// buffer apart from D (a residual added in the epilogue; one that shares a byte
+// with D is left alone). Column-major [m, n]: n columns of m elements, ld
+// apart.
+absl::Status GemmRunner::ZeroOutputsFirst(const GemmCall& call,
+                                          cudaStream_t stream) {
+  const int64_t element = ElementBytes(call.d_type);
+  const bool reads_d =
+      call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
+  const bool c_apart =
+      call.c == nullptr || call.c == call.d ||
+      !SpanOf(call.c, call.m, call.n, call.ld_d, element)
+           .Overlaps(SpanOf(call.d, call.m, call.n, call.ld_d, element));
+  if (reads_d || !c_apart || call.m <= 0 || call.n <= 0) {
+    return absl::OkStatus();
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaMemset2DAsync(call.d, static_cast<size_t>(call.ld_d * element), 0,
+                        static_cast<size_t>(call.m * element),
+                        static_cast<size_t>(call.n), stream));
+  if (call.epilogue == GemmEpilogue::kGeluAux && call.aux != nullptr) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemset2DAsync(call.aux, static_cast<size_t>(call.ld_aux * element),
+                          0, static_cast<size_t>(call.m * element),
+                          static_cast<size_t>(call.n), stream));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GemmRunner::Launch(const Entry& entry,
                                 const cublasLtMatmulAlgo_t& algo,
                                 const GemmCall& call, cudaStream_t stream) {
-  // D is not read when beta = 0 or when C is another buffer (a residual added
-  // in the epilogue), which then must not share a byte with D.
-  const bool reads_d =
-      call.beta != 0.0f && (call.c == nullptr || call.c == call.d);
-  const int64_t d_element = ElementBytes(call.d_type);
-  const bool c_apart =
-      call.c == nullptr || call.c == call.d ||
-      !SpanOf(call.c, call.m, call.n, call.ld_d, d_element)
-           .Overlaps(SpanOf(call.d, call.m, call.n, call.ld_d, d_element));
-  if (zero_outputs_first_ && !reads_d && c_apart && call.m > 0 && call.n > 0) {
-    // Column-major [m, n]: n columns of m elements, ld apart (see the
-    // constructor: for initcheck runs only).
-    const int64_t element = ElementBytes(call.d_type);
-    CUDA_RETURN_IF_ERROR(
-        cudaMemset2DAsync(call.d, static_cast<size_t>(call.ld_d * element), 0,
-                          static_cast<size_t>(call.m * element),
-                          static_cast<size_t>(call.n), stream));
-    if (call.epilogue == GemmEpilogue::kGeluAux && call.aux != nullptr) {
-      CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(
-          call.aux, static_cast<size_t>(call.ld_aux * element), 0,
-          static_cast<size_t>(call.m * element), static_cast<size_t>(call.n),
-          stream));
-    }
-  }
+  if (zero_outputs_first_) RETURN_IF_ERROR(ZeroOutputsFirst(call, stream));
   if (call.bias != nullptr) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         entry.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,

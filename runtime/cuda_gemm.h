@@ -165,6 +165,7 @@ class GemmRunner {
   static Key KeyOf(const GemmCall& call);
   GemmTuning::Key TuningKeyOf(const Entry& entry) const;
   absl::StatusOr<Entry*> Find(const GemmCall& call);
+  absl::Status ZeroOutputsFirst(const GemmCall& call, cudaStream_t stream);
   absl::Status Launch(const Entry& entry, const cublasLtMatmulAlgo_t& algo,
                       const GemmCall& call, cudaStream_t stream);
   // Times the candidates on the call itself (it must be safe to repeat) and
