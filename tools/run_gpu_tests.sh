@@ -36,7 +36,9 @@
 # GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. initcheck does not see the
 # stores of cuBLASLt's TMA kernels, so every read of a GEMM's output would be reported: under
 # initcheck LOSSRT_INITCHECK_GEMM_OUTPUTS=1 makes our GEMM runner zero each output before
-# cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked.
+# cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked; the
+# cuDNN attention graphs' outputs and workspace are zeroed the same way, as cuDNN's stores
+# are just as invisible to the tool (graph/ops/attention_cudnn.cc).
 #
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
 # LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/

@@ -29,7 +29,10 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -341,6 +344,13 @@ class CudnnState final : public ContextResource {
                      RelaxedCaptureMode::Enter(capturing));
     auto state = std::unique_ptr<CudnnState>(new CudnnState);
     CUDNN_RETURN_IF_ERROR(cudnnCreate(&state->handle_));
+    // As the GEMM runner's (runtime/cuda_gemm.h): compute-sanitizer's
+    // initcheck does not see the TMA stores of cuDNN's Hopper kernels, so
+    // under it the outputs and the workspace are zeroed before each graph
+    // runs (ZeroForInitcheck); never set otherwise.
+    const char* zero_first = std::getenv("LOSSRT_INITCHECK_GEMM_OUTPUTS");
+    state->zero_outputs_first_ =
+        zero_first != nullptr && std::strcmp(zero_first, "1") == 0;
     return state;
   }
   // The context destroys it with its device current, after its stream's work.
@@ -350,6 +360,7 @@ class CudnnState final : public ContextResource {
   }
 
   cudnnHandle_t handle() const { return handle_; }
+  bool zero_outputs_first() const { return zero_outputs_first_; }
 
   // The built graph of `key`, building it on the first call.
   absl::StatusOr<const BuiltGraph*> FindOrBuild(Context& context,
@@ -381,6 +392,7 @@ class CudnnState final : public ContextResource {
  private:
   CudnnState() = default;
   cudnnHandle_t handle_ = nullptr;
+  bool zero_outputs_first_ = false;  // LOSSRT_INITCHECK_GEMM_OUTPUTS=1
   std::map<GraphKey, BuiltGraph> graphs_;
 };
 
@@ -389,6 +401,8 @@ class CudnnState final : public ContextResource {
 struct Prepared {
   cudnnHandle_t handle;
   const BuiltGraph* graph;
+  cudaStream_t stream;
+  bool zero_outputs_first;
 };
 
 absl::StatusOr<Prepared> Prepare(Context& context, const Shape& shape,
@@ -400,7 +414,7 @@ absl::StatusOr<Prepared> Prepare(Context& context, const Shape& shape,
   CUDNN_RETURN_IF_ERROR(cudnnSetStream(state->handle(), stream));
   ASSIGN_OR_RETURN(const BuiltGraph* graph,
                    state->FindOrBuild(context, KeyOf(shape, backward)));
-  return Prepared{state->handle(), graph};
+  return Prepared{state->handle(), graph, stream, state->zero_outputs_first()};
 }
 
 // Runs `prepared` with the device pointers in increasing uid order.
@@ -412,6 +426,22 @@ absl::Status Execute(const Prepared& prepared, void** sorted_pointers,
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("executing the cuDNN attention graph threw: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// For initcheck runs only (see CudnnState::Create): zeroes each output
+// region {pointer, bytes} and the graph's workspace on the stream.
+absl::Status ZeroForInitcheck(
+    const Prepared& prepared,
+    std::initializer_list<std::pair<void*, int64_t>> outputs, void* workspace) {
+  if (!prepared.zero_outputs_first) return absl::OkStatus();
+  for (const auto& [pointer, bytes] : outputs) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pointer, 0, bytes, prepared.stream));
+  }
+  if (workspace != nullptr && prepared.graph->workspace_bytes > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        workspace, 0, prepared.graph->workspace_bytes, prepared.stream));
   }
   return absl::OkStatus();
 }
@@ -447,6 +477,12 @@ absl::Status Forward(Context& context, const Shape& shape, const void* qkv,
   // The graph only reads Q, K and V; the frontend's pointers are not const.
   void* q = const_cast<void*>(qkv);
   void* pointers[] = {q, Offset(q, c), Offset(q, 2 * c), out, lse};
+  const int64_t rows = shape.batch * shape.seq;
+  RETURN_IF_ERROR(ZeroForInitcheck(
+      prepared,
+      {{out, rows * c * 2},
+       {lse, rows * shape.heads * static_cast<int64_t>(sizeof(float))}},
+      workspace));
   return Execute(prepared, pointers, 5, workspace);
 }
 
@@ -465,6 +501,8 @@ absl::Status Backward(Context& context, const Shape& shape, const void* qkv,
                       d_qkv,
                       Offset(d_qkv, c),
                       Offset(d_qkv, 2 * c)};
+  RETURN_IF_ERROR(ZeroForInitcheck(
+      prepared, {{d_qkv, shape.batch * shape.seq * 3 * c * 2}}, workspace));
   return Execute(prepared, pointers, 9, workspace);
 }
 
