@@ -2,6 +2,9 @@
 // and other libraries' per-context resources.
 #include "runtime/context.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
 
@@ -262,6 +265,14 @@ absl::StatusOr<GemmTuning*> ContextGemmTuning(Context& context) {
   if (context.gemm_tuning_ == nullptr) {
     context.gemm_tuning_ = std::unique_ptr<GemmTuning, void (*)(GemmTuning*)>(
         new GemmTuning, [](GemmTuning* tuning) { delete tuning; });
+    // LOSSRT_GEMM_TUNING=0 makes a context start with tuning off, for runs
+    // under compute-sanitizer's racecheck (tools/run_gpu_tests.sh), where
+    // every timed cuBLASLt launch is instrumented and costs seconds; the
+    // untuned GEMMs write the same bits.
+    const char* tuning_env = std::getenv("LOSSRT_GEMM_TUNING");
+    if (tuning_env != nullptr && std::strcmp(tuning_env, "0") == 0) {
+      context.gemm_tuning_->set_enabled(false);
+    }
   }
   return context.gemm_tuning_.get();
 }

@@ -72,7 +72,8 @@ class Context {
   // candidates on a shape's first call. On by default; off, shapes not yet
   // seen take the heuristic's first choice untimed. Either way the results are
   // bitwise the same: tuning keeps only candidates that write the first
-  // choice's bits.
+  // choice's bits. The environment variable LOSSRT_GEMM_TUNING=0 makes it
+  // start off (for runs under compute-sanitizer, tools/run_gpu_tests.sh).
   absl::Status set_gemm_tuning(bool enabled);
 
   // Scratch memory of at least `bytes` for ops; grows (allocates) only when a

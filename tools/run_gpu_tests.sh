@@ -33,12 +33,17 @@
 # so it instruments everything (printing every report: --print-limit) and the table counts
 # the reports that name vendor kernels apart: a binary whose every reported hazard is in them
 # passes, its row says how many.
-# GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. initcheck does not see the
+# GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. Under racecheck the contexts
+# start with GEMM tuning off (LOSSRT_GEMM_TUNING=0: each instrumented cuBLASLt launch takes
+# seconds, and tuning times eight candidates a shape; the bits are the same), except in
+# runtime_cuda_gemm_test, which tests the tuning. initcheck does not see the
 # stores of cuBLASLt's TMA kernels, so every read of a GEMM's output would be reported: under
 # initcheck LOSSRT_INITCHECK_GEMM_OUTPUTS=1 makes our GEMM runner zero each output before
 # cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked; the
 # cuDNN attention graphs' outputs and workspace are zeroed the same way, as cuDNN's stores
-# are just as invisible to the tool (graph/ops/attention_cudnn.cc).
+# are just as invisible to the tool (graph/ops/attention_cudnn.cc). So under initcheck the
+# vendor kernels are left uninstrumented too, as under synccheck: their outputs are zeroed
+# before they run, and our kernels' reads of them stay checked.
 #
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
 # LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/
@@ -183,7 +188,7 @@ for path in "${tests[@]}"; do
     tool_options=(--tool "${sanitize}" --error-exitcode 1)
     # Every racecheck report printed, so that each can be classified (the default prints 100).
     [[ "${sanitize}" == racecheck ]] && tool_options+=(--print-limit 1000000)
-    if [[ "${sanitize}" == synccheck && "${GPU_SANITIZE_VENDOR:-0}" != 1 ]]; then
+    if [[ "${sanitize}" =~ ^(synccheck|initcheck)$ && "${GPU_SANITIZE_VENDOR:-0}" != 1 ]]; then
       for vendor in "${VENDOR_KERNELS[@]}"; do
         tool_options+=(--kernel-name-exclude "kns=${vendor}")
       done
@@ -191,8 +196,10 @@ for path in "${tests[@]}"; do
     command=("${sanitizer}" "${tool_options[@]}" "${command[@]}")
     [[ -n "${filter}" ]] && command+=("--gtest_filter=${filter}")
   fi
+  gemm_tuning=${LOSSRT_GEMM_TUNING:-}
+  [[ "${sanitize}" == racecheck && "${name}" != runtime_cuda_gemm_test ]] && gemm_tuning=0
   start=$(date +%s.%N)
-  (cd "${workdir}" && TEST_SRCDIR="${path}.runfiles" \
+  (cd "${workdir}" && TEST_SRCDIR="${path}.runfiles" LOSSRT_GEMM_TUNING="${gemm_tuning}" \
     timeout -k 30 "${TIMEOUT}" "${command[@]}") >"${log}" 2>&1 </dev/null
   rc=$?
   seconds=$(awk -v s="${start}" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
