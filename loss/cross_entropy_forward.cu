@@ -89,17 +89,35 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy.
 // Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
-// logits, whose raw tiles take half the registers. The 16-bit extras' kernels
-// (an argmax and a second sum a lane) spill at four or three and take two; the
-// fp32 extras' kernel spills a little at three, which measured faster than two
-// (bench/RESULTS.md, the extras). The vectorized 16-bit option kernels (soft
+// logits, whose raw tiles take half the registers. The 16-bit extras' kernel
+// (an FFMA a logit for the entropy, its argmax found once a row) takes three,
+// where ptxas spills a few bytes outside the tile loop (at four, inside it);
+// its option variant takes two, where it does not spill; the fp32 extras'
+// kernels take three. The vectorized 16-bit option kernels (soft
 // cap, label smoothing) take three: at four (64 registers) ptxas spilled ~200
 // bytes a thread, at three (80) ~36, and they issue more than they read, so
 // the fourth block's loads in flight matter less. (The scalar kernel of
 // unaligned rows, kOpt whatever the options, does not spill at four.)
 template <typename T, bool kVec, bool kOpt, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  return sizeof(T) == 2 ? (kExtras ? 2 : kVec && kOpt ? 3 : 4) : 3;
+  return sizeof(T) == 2 ? (kExtras ? (kOpt ? 2 : 3) : kVec && kOpt ? 3 : 4) : 3;
+}
+
+// A lane's argmax once the row's max is known: the first index of it in the
+// tile that AccumulateStreamed recorded (the lane's first tile, `first0`, for
+// a lane whose max stayed -inf), read again, where the lane holds the row's
+// max (mostly one lane a row); kNoIndex elsewhere. The extras' kernels so
+// take no argmax test a logit.
+template <typename TileT, int R, bool kOpt, typename T>
+__device__ __forceinline__ int LaneArgmax(const T* logits_row,
+                                          const RowView& view,
+                                          const RowStats& lane_stats,
+                                          const ExtraStats& extra, int first0,
+                                          float row_max) {
+  if (lane_stats.max != row_max) return kNoIndex;
+  return FirstIndexOfMaxInTile<TileT, R, kOpt>(
+      logits_row, view, extra.argmax != kNoIndex ? extra.argmax : first0,
+      row_max);
 }
 
 // The row's reduced extras (PackExtras) from a lane's partials once the row's
@@ -186,7 +204,8 @@ __global__ void __launch_bounds__(256,
       const RowStats tile_stats =
           TileStats<HalfTile, kHalf, kOpt, kFastSum, kExtras>(
               current, view, c.target, smoothing, &tile_extra);
-      Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
+      AccumulateStreamed<kExtras>(stats, extra, tile_stats, tile_extra,
+                                  view.first);
       if (next_row != row) {
         RowStats total =
             GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
@@ -196,6 +215,11 @@ __global__ void __launch_bounds__(256,
                   logits_of(row), view, c.target, smoothing,
                   lane + group.rank * kTileVecs, group.size * kTileVecs),
               group, slots, parity);
+        }
+        if constexpr (kExtras) {
+          extra.argmax = LaneArgmax<HalfTile, kHalf, kOpt>(
+              logits_of(row), view, stats, extra, lane + group.rank * kTileVecs,
+              total.max);
         }
         const RowStats extras = WarpRowExtras<kExtras>(stats, extra, total.max,
                                                        group, slots, parity);
@@ -225,7 +249,8 @@ __global__ void __launch_bounds__(256,
         const RowStats tile_stats =
             TileStats<TileT, R, kOpt, kFastSum, kExtras>(
                 tile, view, c.target, smoothing, &tile_extra);
-        Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
+        AccumulateStreamed<kExtras>(stats, extra, tile_stats, tile_extra,
+                                    first);
       }
       RowStats total =
           GroupCombine(WarpReduce<kOpt>(stats), group, slots, parity);
@@ -234,6 +259,10 @@ __global__ void __launch_bounds__(256,
             ExactWarpRowStats<TileT, R, kOpt>(logits_row, view, c.target,
                                               smoothing, first0, step),
             group, slots, parity);
+      }
+      if constexpr (kExtras) {
+        extra.argmax = LaneArgmax<TileT, R, kOpt>(logits_row, view, stats,
+                                                  extra, first0, total.max);
       }
       const RowStats extras =
           WarpRowExtras<kExtras>(stats, extra, total.max, group, slots, parity);

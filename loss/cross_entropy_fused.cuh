@@ -74,6 +74,55 @@ __device__ __forceinline__ void InitRowExchange(RowShared& shared,
 #endif
 }
 
+// This CTA's shared `address` in the CTA of cluster rank `rank` (mapa).
+__device__ __forceinline__ uint32_t PeerAddress(uint32_t address, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(address), "r"(rank));
+  return remote;
+}
+
+// Arrives on this CTA's mbarrier at `barrier`, expecting `bytes` of
+// st.async (StoreStatsToPeer) before its phase completes.
+__device__ __forceinline__ void ArriveExpectingBytes(uint32_t barrier,
+                                                     int bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
+      "r"(bytes)
+      : "memory");
+}
+
+// st.async of `stats` to a peer's slot (PeerAddress), completing 16 bytes
+// on the peer's mbarrier `remote_barrier`.
+__device__ __forceinline__ void StoreStatsToPeer(uint32_t remote_slot,
+                                                 const RowStats& stats,
+                                                 uint32_t remote_barrier) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], "
+      "{%1, %2, %3, %4}, [%5];" ::"r"(remote_slot),
+      "r"(__float_as_uint(stats.max)), "r"(__float_as_uint(stats.rest)),
+      "r"(__float_as_uint(stats.target_logit)),
+      "r"(__float_as_uint(stats.weighted_sum)), "r"(remote_barrier)
+      : "memory");
+}
+
+// Waits until the mbarrier at `barrier` completes its phase `phase`
+// (acquiring the cluster's writes).
+__device__ __forceinline__ void WaitPhase(uint32_t barrier, unsigned phase) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(barrier), "r"(phase)
+        : "memory");
+  }
+}
+
 // The cluster's partials of a row through the mbarrier exchange (warp 0 of
 // each CTA; `block` is this CTA's partial in every lane): the row's stats, the
 // same bits in every CTA (each combines the slots in rank order).
@@ -87,40 +136,16 @@ __device__ __forceinline__ RowStats ExchangeRowStats(const RowStats& block,
   const uint32_t barrier = SharedAddress(&shared.peer_arrived[parity]);
   const unsigned phase = (shared.phase_bits >> parity) & 1u;
   const unsigned rank = cg::this_cluster().block_rank();
-  if (lane == 0) {
-    asm volatile(
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
-        "r"(cluster_size * static_cast<int>(sizeof(RowStats)))
-        : "memory");
-  }
+  if (lane == 0)
+    ArriveExpectingBytes(barrier,
+                         cluster_size * static_cast<int>(sizeof(RowStats)));
   if (lane < cluster_size) {
-    uint32_t remote_slot, remote_barrier;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote_slot)
-                 : "r"(SharedAddress(&shared.peer_slots[parity][rank])),
-                   "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote_barrier)
-                 : "r"(barrier), "r"(lane));
-    asm volatile(
-        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], "
-        "{%1, %2, %3, %4}, [%5];" ::"r"(remote_slot),
-        "r"(__float_as_uint(block.max)), "r"(__float_as_uint(block.rest)),
-        "r"(__float_as_uint(block.target_logit)),
-        "r"(__float_as_uint(block.weighted_sum)), "r"(remote_barrier)
-        : "memory");
+    const uint32_t remote_slot =
+        PeerAddress(SharedAddress(&shared.peer_slots[parity][rank]), lane);
+    const uint32_t remote_barrier = PeerAddress(barrier, lane);
+    StoreStatsToPeer(remote_slot, block, remote_barrier);
   }
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(barrier), "r"(phase)
-        : "memory");
-  }
+  WaitPhase(barrier, phase);
   RowStats part =
       lane < cluster_size ? shared.peer_slots[parity][lane] : IdentityStats();
   __syncwarp();
@@ -172,23 +197,165 @@ __device__ __forceinline__ RowStats ReduceRow(RowStats stats, RowShared& shared,
   return shared.row_final;
 }
 
-// One row in one exponential a logit (TileStatsKeepExp): statistics into
-// `kept`, the exact redo where the max dominates, the loss, and the gradient
-// from the kept exponentials.
-// The row's reduced extras (PackExtras) from a thread's partials, once the
-// row's max is known: a second reduction of the row.
-template <bool kExtras>
-__device__ __forceinline__ RowStats
-ReduceExtras(const RowStats& thread, const ExtraStats& extra, float row_max,
-             RowShared& shared, int cluster_size, int& parity) {
+// The extras' slots beside RowShared's (kExtras kernels only, so that the
+// plain kernels' shared memory stays as it was): the same layout, of
+// ExtraStats.
+struct ExtrasShared {
+  ExtraStats warp_extras[kMaxThreads / 32];
+  ExtraStats cluster_slot[2];
+  ExtraStats row_final;
+  ExtraStats peer_slots[2][kMaxCluster];
+};
+
+__device__ __forceinline__ ExtrasShared& ExtrasSlots() {
+  __shared__ ExtrasShared slots;
+  return slots;
+}
+
+// ExchangeRowStats with the partials' extras: each CTA's 16 bytes of stats
+// and 8 of extras go to every CTA on the same mbarrier, which waits for 24
+// bytes a CTA.
+template <bool kWeighted>
+__device__ __forceinline__ RowStats ExchangeRowStatsWithExtras(
+    const RowStats& block, ExtraStats& block_extra, RowShared& shared,
+    ExtrasShared& xs, int cluster_size, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int lane = threadIdx.x & 31;
+  const uint32_t barrier = SharedAddress(&shared.peer_arrived[parity]);
+  const unsigned phase = (shared.phase_bits >> parity) & 1u;
+  const unsigned rank = cg::this_cluster().block_rank();
+  if (lane == 0) {
+    ArriveExpectingBytes(
+        barrier,
+        cluster_size * static_cast<int>(sizeof(RowStats) + sizeof(ExtraStats)));
+  }
+  if (lane < cluster_size) {
+    const uint32_t remote_slot =
+        PeerAddress(SharedAddress(&shared.peer_slots[parity][rank]), lane);
+    const uint32_t remote_extra =
+        PeerAddress(SharedAddress(&xs.peer_slots[parity][rank]), lane);
+    const uint32_t remote_barrier = PeerAddress(barrier, lane);
+    StoreStatsToPeer(remote_slot, block, remote_barrier);
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], "
+        "{%1, %2}, [%3];" ::"r"(remote_extra),
+        "r"(__float_as_uint(block_extra.centered)),
+        "r"(static_cast<uint32_t>(block_extra.argmax)), "r"(remote_barrier)
+        : "memory");
+  }
+  WaitPhase(barrier, phase);
+  RowStats part =
+      lane < cluster_size ? shared.peer_slots[parity][lane] : IdentityStats();
+  block_extra =
+      lane < cluster_size ? xs.peer_slots[parity][lane] : IdentityExtras();
+  __syncwarp();
+  if (lane == 0) shared.phase_bits ^= 1u << parity;
+  WarpReduceWithExtras<kWeighted>(part, block_extra);
+  return part;
+#else
+  return block;
+#endif
+}
+
+// ReduceRow of a thread's stats with its extras (the centered sum relative to
+// its max, the first index of its max) in the same reduction: every thread
+// gets the row's stats (the same bits as ReduceRow's) and, in `extra`, the
+// row's centered sum at its max and its argmax. Same barriers and slots as
+// ReduceRow, so the parity alternates with it.
+template <bool kWeighted>
+__device__ __forceinline__ RowStats ReduceRowWithExtras(RowStats stats,
+                                                        ExtraStats& extra,
+                                                        RowShared& shared,
+                                                        int cluster_size,
+                                                        int& parity) {
+  ExtrasShared& xs = ExtrasSlots();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
+            warps = blockDim.x >> 5;
+  WarpReduceWithExtras<kWeighted>(stats, extra);
+  if (lane == 0) {
+    shared.warp_stats[warp] = stats;
+    xs.warp_extras[warp] = extra;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    RowStats block = lane < warps ? shared.warp_stats[lane] : IdentityStats();
+    ExtraStats block_extra =
+        lane < warps ? xs.warp_extras[lane] : IdentityExtras();
+    WarpReduceWithExtras<kWeighted>(block, block_extra);
+    if (cluster_size == 1) {
+      if (lane == 0) {
+        shared.row_final = block;
+        xs.row_final = block_extra;
+      }
+    } else if (shared.use_mbarrier) {
+      const RowStats total = ExchangeRowStatsWithExtras<kWeighted>(
+          block, block_extra, shared, xs, cluster_size, parity);
+      if (lane == 0) {
+        shared.row_final = total;
+        xs.row_final = block_extra;
+      }
+    } else {
+      if (lane == 0) {
+        shared.cluster_slot[parity] = block;
+        xs.cluster_slot[parity] = block_extra;
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_size > 1 && !shared.use_mbarrier) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's partial of this row is in its slot
+    if (warp == 0) {
+      RowStats part = IdentityStats();
+      ExtraStats part_extra = IdentityExtras();
+      if (lane < cluster_size) {
+        part = *cluster.map_shared_rank(&shared.cluster_slot[parity], lane);
+        part_extra = *cluster.map_shared_rank(&xs.cluster_slot[parity], lane);
+      }
+      WarpReduceWithExtras<kWeighted>(part, part_extra);
+      if (lane == 0) {
+        shared.row_final = part;
+        xs.row_final = part_extra;
+      }
+    }
+  }
+#endif
+  __syncthreads();
+  parity ^= 1;
+  extra = xs.row_final;
+  return shared.row_final;
+}
+
+// The row's stats from a thread's partials (ReduceRow) and, kExtras, its
+// extras reduced with them (ReduceRowWithExtras) into `extra`.
+template <bool kOpt, bool kExtras>
+__device__ __forceinline__ RowStats ReduceRowAndExtras(const RowStats& part,
+                                                       ExtraStats* extra,
+                                                       RowShared& shared,
+                                                       int cluster_size,
+                                                       int& parity) {
   if constexpr (kExtras) {
-    return ReduceRow<false>(PackExtras(thread, extra, row_max), shared,
-                            cluster_size, parity);
+    return ReduceRowWithExtras<kOpt>(part, *extra, shared, cluster_size,
+                                     parity);
+  } else {
+    return ReduceRow<kOpt>(part, shared, cluster_size, parity);
+  }
+}
+
+// The row's extras from ReduceRowAndExtras in PackExtras' reduced form, for
+// FinishRow.
+template <bool kExtras>
+__device__ __forceinline__ RowStats ReducedExtras(const ExtraStats& row) {
+  if constexpr (kExtras) {
+    return PackReducedExtras(row);
   } else {
     return RowStats{};
   }
 }
 
+// One row in one exponential a logit (TileStatsKeepExp): statistics into
+// `kept`, the exact redo where the max dominates, the loss, and the gradient
+// from the kept exponentials.
 // kExtras: the extras too, and with entropy_weight the entropy's gradient
 // term (TileGradFromExp takes d_j from the kept e_j through a log).
 template <typename G, typename TileT, typename KeptT, int R, bool kOpt,
@@ -200,13 +367,15 @@ __device__ __forceinline__ void RowFromKeptExp(
   ExtraStats extra;
   ExpTileStats part = TileStatsKeepExp<TileT, R, kOpt, kExtras>(
       tile, view, c.target, smoothing, kept, &extra);
-  RowStats total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
+  RowStats total = ReduceRowAndExtras<kOpt, kExtras>(part.stats, &extra, shared,
+                                                     cluster_size, parity);
   if (RowNeedsExactPass(total)) {
+    // (The extras keep the first reduction's: the fast sum's rest + 1 is
+    // precise as the sum their centered sum is moved with.)
     part.stats.rest = ExactRestFromExp<KeptT, R>(kept, part.ref);
     total = ReduceRow<kOpt>(part.stats, shared, cluster_size, parity);
   }
-  const RowStats extras = ReduceExtras<kExtras>(part.stats, extra, total.max,
-                                                shared, cluster_size, parity);
+  const RowStats extras = ReducedExtras<kExtras>(extra);
   const GradCoefficients gc =
       FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
   G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
@@ -225,9 +394,9 @@ __device__ __forceinline__ void RowFromExactPass(
   ExtraStats extra;
   const RowStats part = TileStats<TileT, R, kOpt, false, kExtras>(
       tile, view, c.target, smoothing, &extra);
-  const RowStats total = ReduceRow<kOpt>(part, shared, cluster_size, parity);
-  const RowStats extras = ReduceExtras<kExtras>(part, extra, total.max, shared,
-                                                cluster_size, parity);
+  const RowStats total = ReduceRowAndExtras<kOpt, kExtras>(
+      part, &extra, shared, cluster_size, parity);
+  const RowStats extras = ReducedExtras<kExtras>(extra);
   const GradCoefficients gc =
       FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
   if constexpr (kGrad) {
@@ -329,9 +498,9 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
           tile, view, c.target, smoothing, &tile_extra);
       Accumulate<kExtras>(stats, extra, tile_stats, tile_extra);
     }
-    const RowStats total = ReduceRow<kOpt>(stats, shared, cluster_size, parity);
-    const RowStats extras = ReduceExtras<kExtras>(stats, extra, total.max,
-                                                  shared, cluster_size, parity);
+    const RowStats total = ReduceRowAndExtras<kOpt, kExtras>(
+        stats, &extra, shared, cluster_size, parity);
+    const RowStats extras = ReducedExtras<kExtras>(extra);
     const GradCoefficients gc =
         FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
     if constexpr (kGrad) {
@@ -365,7 +534,8 @@ enum RowMode { kRowsOneTile = 0, kRowsTiled = 1, kRowsPrefetch = 2 };
 template <typename T, typename G, int R, bool kVec, bool kGrad, bool kOpt,
           int kMode, bool kSoftcap = false, bool kExtras = false>
 // Two CTAs an SM (64 registers a thread at kMaxThreads). The extras' kernels
-// spill there, but one CTA of 128 registers measured slower still.
+// spill a few bytes more than the plain ones there (one CTA of 128 registers
+// measured slower).
 __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2,
               bool mbarrier_exchange) {

@@ -84,8 +84,10 @@ __device__ __forceinline__ RowStats IdentityStats() {
 
 // The extras' partial statistics of a thread (kExtras kernels only), relative
 // to its RowStats::max: the entropy's sum_j e_j (z_j - max), e_j = exp(z_j -
-// max), and the index of its first logit equal to the max (kNoIndex: none).
-// Kept apart from RowStats, whose 16 bytes the cluster exchange moves.
+// max), and the index of its first logit equal to the max (kNoIndex: none;
+// in the warp-row kernel's tile loop, the first piece of the tile that holds
+// it, AccumulateStreamed). Kept apart from RowStats, whose 16 bytes the
+// plain kernels' cluster exchange moves.
 struct ExtraStats {
   float centered;
   int argmax;
@@ -143,6 +145,16 @@ __device__ __forceinline__ RowStats PackExtras(const RowStats& thread,
 // max: a NaN row).
 __device__ __forceinline__ int UnpackArgmax(const RowStats& packed) {
   return packed.max > 0.0f ? kIndexKeyBase - __float_as_int(packed.max) : 0;
+}
+
+// The row's extras reduced with its statistics (WarpReduceWithExtras: the
+// centered sum already at the row's max) in PackExtras' reduced form, which
+// FinishRow reads.
+__device__ __forceinline__ RowStats PackReducedExtras(const ExtraStats& row) {
+  RowStats packed{0.0f, -1.0f, row.centered, 0.0f};
+  if (row.argmax != kNoIndex)
+    packed.max = __int_as_float(kIndexKeyBase - row.argmax);
+  return packed;
 }
 
 // Online-softmax merge with one exponential: the side with the smaller max is
@@ -206,6 +218,20 @@ __device__ __forceinline__ float SoftCap(float x, float softcap,
       [](float d) { return FastRcp(d); });
 }
 
+// The butterfly sums of WarpReduce (kWeighted: the label-smoothing sum too),
+// the same bits in every lane.
+template <bool kWeighted>
+__device__ __forceinline__ void ButterflySums(float& rest, float& target_logit,
+                                              float& weighted_sum) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    rest += __shfl_xor_sync(kFullMask, rest, offset);
+    target_logit += __shfl_xor_sync(kFullMask, target_logit, offset);
+    if (kWeighted)
+      weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
+  }
+}
+
 // The warp's statistics, in every lane: the max first, then each lane's sum
 // rescaled to it once (one exponential a lane, not one a shuffle round) and
 // summed by a butterfly (the same bits in every lane). Lanes whose max is the
@@ -228,15 +254,51 @@ __device__ __forceinline__ RowStats WarpReduce(RowStats stats) {
     rest = tie ? stats.rest : (stats.rest + 1.0f) * __expf(stats.max - max);
   }
   float target_logit = stats.target_logit, weighted_sum = stats.weighted_sum;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    rest += __shfl_xor_sync(kFullMask, rest, offset);
-    target_logit += __shfl_xor_sync(kFullMask, target_logit, offset);
-    if (kWeighted)
-      weighted_sum += __shfl_xor_sync(kFullMask, weighted_sum, offset);
-  }
+  ButterflySums<kWeighted>(rest, target_logit, weighted_sum);
   return RowStats{max, rest + static_cast<float>(__popc(tie_lanes) - 1),
                   target_logit, weighted_sum};
+}
+
+// WarpReduce with a lane's extras (kExtras kernels): the same arithmetic, so
+// the same RowStats bits, and in every lane the warp's extras: each lane's
+// centered sum moved to the warp's max by the exponential that scales its
+// "rest" (a lane without logits adds 0) and summed by the same butterfly, and
+// the lowest argmax of the lanes that hold the max (one redux). One reduction
+// of the row carries both, where a second one after the max was known cost
+// the fused kernels a block and cluster barrier a row.
+template <bool kWeighted = true>
+__device__ __forceinline__ void WarpReduceWithExtras(RowStats& stats,
+                                                     ExtraStats& extra) {
+  float max = stats.max;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    max = fmaxf(max, __shfl_xor_sync(kFullMask, max, offset));
+  const bool tie = stats.max == max;
+  float rest, centered;
+  unsigned tie_lanes = 0;
+  if (max == NegInf()) {
+    rest = stats.rest + 1.0f;  // 0, or NaN from a NaN probe
+    centered = 0.0f;
+  } else {
+    tie_lanes = __ballot_sync(kFullMask, tie);
+    const float d = stats.max - max;
+    const float scale = __expf(d);
+    rest = tie ? stats.rest : (stats.rest + 1.0f) * scale;
+    centered = tie ? extra.centered
+               : stats.max == NegInf()
+                   ? 0.0f
+                   : scale * (extra.centered + d * (stats.rest + 1.0f));
+  }
+  const int argmax = static_cast<int>(__reduce_min_sync(
+      kFullMask, static_cast<unsigned>(tie ? extra.argmax : kNoIndex)));
+  float target_logit = stats.target_logit, weighted_sum = stats.weighted_sum;
+  ButterflySums<kWeighted>(rest, target_logit, weighted_sum);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    centered += __shfl_xor_sync(kFullMask, centered, offset);
+  stats = RowStats{max, rest + static_cast<float>(__popc(tie_lanes) - 1),
+                   target_logit, weighted_sum};
+  extra = ExtraStats{centered, argmax};
 }
 
 __device__ __forceinline__ int64_t LoadTarget(const RowArgs& args,

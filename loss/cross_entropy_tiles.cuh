@@ -263,15 +263,82 @@ __device__ __forceinline__ void SubtractSmoothing(const float* weights,
   }
 }
 
+// The index of the thread's first element that `mask` marks (bit r * kW + j:
+// piece r, element j), kNoIndex for none.
+template <int kW>
+__device__ __forceinline__ int FirstMarkedIndex(unsigned mask,
+                                                const RowView& view) {
+  if (mask == 0) return kNoIndex;
+  const int k = __ffs(mask) - 1;
+  return (view.first + (k / kW) * view.stride) * kW + k % kW;
+}
+
+// Marks in `found` the elements of 16-bit piece r (raw 16 bytes) equal to
+// `max_pair` (the max in both halves), two logits an HSET2 and one LOP3 a
+// word: bit q for the low (first) element of the thread's word q, bit 16 + q
+// for its high one.
+template <typename T>
+__device__ __forceinline__ void MarkPairsEqual(const uint4& raw, int r,
+                                               uint32_t max_pair,
+                                               unsigned& found) {
+  using Pair = typename std::conditional<std::is_same<T, __half>::value,
+                                         __half2, __nv_bfloat162>::type;
+  union {
+    uint32_t bits;
+    Pair pair;
+  } word, max;
+  max.bits = max_pair;
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const int q = r * 4 + w;
+    word.bits = words[w];
+    found |= __heq2_mask(word.pair, max.pair) & ((1u << q) | (1u << (16 + q)));
+  }
+}
+
+// The index of the thread's first element that MarkPairsEqual marked
+// (element 2q + h of its pieces of kW), kNoIndex for none.
+template <int kW>
+__device__ __forceinline__ int FirstMarkedPairIndex(unsigned found,
+                                                    const RowView& view) {
+  if (found == 0) return kNoIndex;
+  const unsigned low = found & 0xffffu, high = found >> 16;
+  const int k_low = low != 0 ? 2 * (__ffs(low) - 1) : 64;
+  const int k_high = high != 0 ? 2 * (__ffs(high) - 1) + 1 : 64;
+  const int k = min(k_low, k_high);
+  return (view.first + (k / kW) * view.stride) * kW + k % kW;
+}
+
+// `value` (a 16-bit logit, or +-inf) in both halves of a word of T.
+template <typename T>
+__device__ __forceinline__ uint32_t PairOf(float value) {
+  union {
+    T element;
+    uint16_t bits;
+  } half;
+  half.element = FromFloat<T>(value);
+  return static_cast<uint32_t>(half.bits) * 0x10001u;
+}
+
 // Sum of exp(x - ref) over a tile, in four independent accumulators. (x - ref)
 // is formed before the scaling by log2(e), so that the largest terms are
 // exact. kKeep also writes each exponential to `kept` (over its own logit for
 // fp32 tiles, kept == &tile), for a gradient of one multiply a logit. kCap
 // applies the soft cap; kSmooth with `smoothing` adds the label-smoothing sum
-// of w_j * z_j over the tile to `weighted_sum`. kExtras also takes the extras'
-// statistics relative to ref (the thread's max) into `extra`.
+// of w_j * z_j over the tile to `weighted_sum`. kExtras also adds the
+// entropy's centered sum relative to ref (the thread's max) to `extra`: one
+// FFMA a logit on the exponentials the sum takes. Its d = x - ref is clamped
+// (0 * -inf would be NaN) for fp32 tiles only; 16-bit ones, issue-bound,
+// redo a piece whose sum came out NaN (a -inf logit or padding) clamped, one
+// test a piece.
+// kArgmax (fp32 tiles of the fused kernel, which holds the row) also takes
+// the thread's first index of ref (its max when finite; a thread of only
+// -inf has none): one test a logit into a bit mask. (16-bit tiles mark
+// theirs in pairs first, MarkPairsEqual.)
 template <int R, bool kKeep, bool kCap = false, bool kSmooth = false,
-          bool kExtras = false, typename TileT, typename KeptT = TileT>
+          bool kExtras = false, bool kArgmax = false, typename TileT,
+          typename KeptT = TileT>
 __device__ __forceinline__ float TileExpSum(const TileT& tile,
                                             const RowView& view, float ref,
                                             KeptT* kept = nullptr,
@@ -279,11 +346,16 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
                                             float* weighted_sum = nullptr,
                                             ExtraStats* extra = nullptr) {
   constexpr int kW = TileT::kW;
+  // fp32 tiles clamp: their kKeep overwrites the logits, and their kernels
+  // have instructions to spare, not registers for the redo.
+  constexpr bool kClamp = sizeof(typename TileT::Element) == 4;
+  static_assert(!kArgmax || (!TileT::kPackedMax && R * kW <= 32),
+                "one mask bit a logit; 16-bit tiles mark pairs");
   const float softcap = kCap ? view.softcap : 0.0f;
   const float inv_cap = kCap ? view.inv_cap : 0.0f;
   float sum_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float centered_part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kExtras
-  int argmax = kNoIndex;                              // kExtras
+  float centered_part[2] = {0.0f, 0.0f};  // kExtras
+  unsigned max_mask = 0;                  // kArgmax
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int base = (view.first + r * view.stride) * kW;
@@ -291,25 +363,40 @@ __device__ __forceinline__ float TileExpSum(const TileT& tile,
     tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
     if (kSmooth && smoothing)
       AddWeightedSum<kW>(x, base, view.vocab, view.weights, *weighted_sum);
+    float piece_centered = 0.0f;  // kExtras && !kClamp
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       const float d = x[j] - ref;
-      if constexpr (kExtras)
-        argmax = d == 0.0f ? min(argmax, base + j) : argmax;
+      if constexpr (kArgmax) {
+        if (d == 0.0f) max_mask |= 1u << (r * kW + j);
+      }
       x[j] = FastExp2(d * kLog2e);
       sum_part[(r * kW + j) % 4] += x[j];
-      // d clamped to the lowest float: a -inf logit (or padding), whose e is
-      // 0, adds 0 rather than 0 * -inf.
-      if constexpr (kExtras) {
-        centered_part[(r * kW + j) % 4] += x[j] * fmaxf(d, -3.402823466e38f);
+      if constexpr (kExtras && kClamp) {
+        centered_part[(r * kW + j) % 2] += x[j] * fmaxf(d, -3.402823466e38f);
+      } else if constexpr (kExtras) {
+        piece_centered += x[j] * d;
       }
+    }
+    if constexpr (kExtras && !kClamp) {
+      // The test a piece also bounds ptxas's schedule to a piece: across the
+      // tile, exponentials ran ahead of their FFMAs, whose d waited in
+      // registers that the fused kernel spilled.
+      if (piece_centered != piece_centered) {
+        float z[kW];
+        tile.Unpack(r, base, view.vocab, softcap, inv_cap, z);
+        piece_centered = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kW; ++j)
+          piece_centered += x[j] * fmaxf(z[j] - ref, -3.402823466e38f);
+      }
+      centered_part[r % 2] += piece_centered;
     }
     if constexpr (kKeep) kept->Store(r, x);
   }
-  if constexpr (kExtras) {
-    extra->centered += (centered_part[0] + centered_part[1]) +
-                       (centered_part[2] + centered_part[3]);
-    extra->argmax = min(extra->argmax, argmax);
+  if constexpr (kExtras) extra->centered += centered_part[0] + centered_part[1];
+  if constexpr (kArgmax) {
+    extra->argmax = min(extra->argmax, FirstMarkedIndex<kW>(max_mask, view));
   }
   return (sum_part[0] + sum_part[1]) + (sum_part[2] + sum_part[3]);
 }
@@ -658,11 +745,34 @@ TileStatsKeepExp(const TileT& tile, const RowView& view, int64_t target,
   out.stats.target_logit = target_logit;
   out.ref = out.stats.max;
   float weighted_sum = 0.0f;
-  if constexpr (kExtras) *extra = IdentityExtras();
-  out.stats.rest = TileExpSum<R, true, false, kOpt, kExtras>(
-                       tile, view, ExpReference(out.stats.max), &kept,
-                       smoothing, &weighted_sum, extra) -
-                   1.0f;
+  if constexpr (!kExtras) {
+    out.stats.rest = TileExpSum<R, true, false, kOpt>(
+                         tile, view, ExpReference(out.stats.max), &kept,
+                         smoothing, &weighted_sum) -
+                     1.0f;
+  } else {
+    float ref = ExpReference(out.stats.max);
+    *extra = IdentityExtras();
+    if constexpr (TileT::kPackedMax) {
+      // 16-bit tiles find their max's first index in pairs before the sum.
+      unsigned found = 0;
+      const uint32_t max_pair = PairOf<typename TileT::Element>(ref);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        MarkPairsEqual<typename TileT::Element>(tile.raw[r], r, max_pair,
+                                                found);
+      extra->argmax = FirstMarkedPairIndex<kW>(found, view);
+      // The sum waits for the search (no pair equals the max only where ref
+      // is 0, a thread of only -inf, or the max is NaN): without this data
+      // dependency ptxas ran the search after the sum, which kept every raw
+      // piece live beside the kept exponentials and spilled them.
+      ref = found == 0 ? 0.0f : ref;
+    }
+    out.stats.rest =
+        TileExpSum<R, true, false, kOpt, true, !TileT::kPackedMax>(
+            tile, view, ref, &kept, smoothing, &weighted_sum, extra) -
+        1.0f;
+  }
   out.stats.weighted_sum = weighted_sum;
   return out;
 }
@@ -815,6 +925,67 @@ __device__ __forceinline__ void Accumulate(RowStats& stats, ExtraStats& extra,
                                            const ExtraStats& tile_extra) {
   if constexpr (kExtras) extra = CombineExtras(stats, extra, tile, tile_extra);
   stats = Combine(stats, tile);
+}
+
+// Accumulate for the warp-row kernel, whose tiles take no argmax a logit:
+// the tile's centered sum (tile_extra.centered) is merged by the exponential
+// that Combine scales the smaller side's sum with, and extra.argmax records
+// `tile_first`, the first piece of the tile, when the tile's max beats the
+// running one. A lane's tiles come in index order, so the recorded tile is
+// the first that holds the lane's max, where FirstIndexOfMaxInTile finds it
+// once the row's max is known (one reload of a tile a row).
+template <bool kExtras>
+__device__ __forceinline__ void AccumulateStreamed(RowStats& stats,
+                                                   ExtraStats& extra,
+                                                   const RowStats& tile,
+                                                   const ExtraStats& tile_extra,
+                                                   int tile_first) {
+  if constexpr (kExtras) {
+    const float max = fmaxf(stats.max, tile.max);
+    const float min = fminf(stats.max, tile.max);
+    const float d = min - max;
+    const float scale = min == NegInf() ? 0.0f : __expf(d);
+    const bool tile_larger = tile.max > stats.max;
+    // The smaller side's centered sum moved to the larger max (CenteredAt).
+    const float small_centered =
+        tile_larger ? extra.centered : tile_extra.centered;
+    const float small_sum = (tile_larger ? stats.rest : tile.rest) + 1.0f;
+    const float large_centered =
+        tile_larger ? tile_extra.centered : extra.centered;
+    extra.centered =
+        large_centered +
+        (min == NegInf() ? 0.0f : scale * (small_centered + d * small_sum));
+    if (tile_larger) extra.argmax = tile_first;
+  }
+  stats = Combine(stats, tile);
+}
+
+// The first index of `row_max` in a lane's tile of the row at piece
+// `first` (stride 32; kNoIndex if none), the tile read again: the warp-row
+// kernel's argmax, for the lanes whose max is the row's. The logits are
+// unpacked (and soft-capped) as TileStats takes the extras' max, so the max
+// equals one of them.
+template <typename TileT, int R, bool kOpt, typename T>
+__device__ __forceinline__ int FirstIndexOfMaxInTile(const T* logits_row,
+                                                     RowView view, int first,
+                                                     float row_max) {
+  constexpr int kW = TileT::kW;
+  const float softcap = kOpt ? view.softcap : 0.0f;
+  const float inv_cap = kOpt ? view.inv_cap : 0.0f;
+  TileT tile;
+  tile.Load(logits_row, view.vocab, first, 32);
+  int index = kNoIndex;
+#pragma unroll
+  for (int r = R - 1; r >= 0; --r) {
+    const int base = (first + r * 32) * kW;
+    float x[kW];
+    tile.Unpack(r, base, view.vocab, softcap, inv_cap, x);
+#pragma unroll
+    for (int j = kW - 1; j >= 0; --j) {
+      if (x[j] == row_max && base + j < view.vocab) index = base + j;
+    }
+  }
+  return index;
 }
 
 }  // namespace ce
