@@ -123,15 +123,18 @@ double SumExp(const float* z, int64_t count, float max) {
 }
 
 // The entropy's sum_j e_j (z_j - max), e_j = exp(z_j - max), over the row
-// z[0, vocab): fp32 within blocks, blocks added in double. Terms whose e_j is
-// 0 (-inf logits) add 0, not 0 * -inf.
+// z[0, vocab): fp32 within blocks, blocks added in double. Terms of -inf
+// logits add 0, not e_j * -inf: the test is on d_j, since Eigen's vectorized
+// exp clamps its argument and returns a tiny positive e_j for -inf.
 double CenteredSum(const float* z, int64_t vocab, float max) {
   double sum = 0.0;
   for (int64_t b = 0; b < vocab; b += kBlock) {
     const int64_t count = std::min(kBlock, vocab - b);
     const Eigen::ArrayXf d = ConstArrayMap(z + b, count) - max;  // [count]
     const Eigen::ArrayXf e = d.exp();
-    sum += (e > 0.0f).select(e * d, 0.0f).sum();
+    sum += (d > -std::numeric_limits<float>::infinity())
+               .select(e * d, 0.0f)
+               .sum();
   }
   return sum;
 }
