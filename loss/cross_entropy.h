@@ -37,10 +37,12 @@
 // rule). CrossEntropyBackward from a saved lse recomputes H with one more read
 // of the logits (a forward statistics pass) when entropy_weight != 0. NaN
 // logits make the extras of their row unspecified. Cost: on the GPU the extras
-// run their own instantiations of the row kernels (an argmax test and an
-// entropy accumulator a logit, and a second reduction a row, over the same
-// single read of the logits); a call without extras and entropy_weight = 0
-// runs the same kernels as one before the extras existed. entropy_weight also
+// run their own instantiations of the row kernels, over the same single read
+// of the logits: an entropy FFMA a logit, and the argmax found once the row's
+// max is known (the forward rereads the tile where a lane's max rose; the
+// fused pass marks the max's indices as it goes), carried by the row's one
+// reduction; a call without extras and entropy_weight = 0 runs the same
+// kernels as one before the extras existed. entropy_weight also
 // adds a logarithm a logit to the fused pass's gradient (a second exponential
 // a logit with the soft cap).
 //
