@@ -132,9 +132,8 @@ double CenteredSum(const float* z, int64_t vocab, float max) {
     const int64_t count = std::min(kBlock, vocab - b);
     const Eigen::ArrayXf d = ConstArrayMap(z + b, count) - max;  // [count]
     const Eigen::ArrayXf e = d.exp();
-    sum += (d > -std::numeric_limits<float>::infinity())
-               .select(e * d, 0.0f)
-               .sum();
+    sum +=
+        (d > -std::numeric_limits<float>::infinity()).select(e * d, 0.0f).sum();
   }
   return sum;
 }
