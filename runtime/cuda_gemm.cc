@@ -118,6 +118,11 @@ bool Repeatable(const GemmCall& call) {
 
 }  // namespace
 
+bool InitcheckZeroingRequested() {
+  const char* value = std::getenv("LOSSRT_INITCHECK_GEMM_OUTPUTS");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 GemmRunner::GemmRunner(cublasLtHandle_t handle, void* workspace,
                        int64_t workspace_bytes,
                        cublasComputeType_t compute_type, GemmTuning* tuning)
@@ -125,11 +130,8 @@ GemmRunner::GemmRunner(cublasLtHandle_t handle, void* workspace,
       workspace_(workspace),
       workspace_bytes_(workspace_bytes),
       compute_type_(compute_type),
-      tuning_(tuning) {
-  const char* zero_first = std::getenv("LOSSRT_INITCHECK_GEMM_OUTPUTS");
-  zero_outputs_first_ =
-      zero_first != nullptr && std::strcmp(zero_first, "1") == 0;
-}
+      tuning_(tuning),
+      zero_outputs_first_(InitcheckZeroingRequested()) {}
 
 // For initcheck runs only (see the constructor): zeroes D, and a GELU
 // epilogue's aux output, where the call does not read D: beta = 0, or C a

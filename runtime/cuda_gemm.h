@@ -113,6 +113,14 @@ class GemmTuning {
 // answer to the same question either way).
 inline constexpr int kGemmTuningCandidates = 8;
 
+// Whether the environment variable LOSSRT_INITCHECK_GEMM_OUTPUTS is "1": runs
+// under `compute-sanitizer --tool initcheck` (tools/run_gpu_tests.sh sets it),
+// where the outputs of the vendor libraries' Hopper kernels, whose TMA stores
+// the tool does not see, are zeroed before those kernels run (GemmRunner
+// below, the cuDNN attention in graph/ops/attention_cudnn.cc). Read by each
+// caller once, when it is made.
+bool InitcheckZeroingRequested();
+
 // cuBLASLt descriptors and the chosen algorithm, cached per call shape
 // (types, sizes, leading dimensions, transposes, alignments, bias, epilogue)
 // and the exact bits of alpha and beta.
@@ -121,14 +129,15 @@ class GemmRunner {
   // `tuning` (may be null: the heuristic's first choice, untimed) must outlive
   // the runner. Tuning needs at least 8 bytes of workspace.
   //
-  // With the environment variable LOSSRT_INITCHECK_GEMM_OUTPUTS=1 (read once,
-  // here) every call that does not read its output (beta = 0, or C a buffer
-  // apart from D) zeroes D (and a GELU epilogue's aux output) on the stream
-  // first. That is for runs under `compute-sanitizer --tool initcheck` only
-  // (tools/ run_gpu_tests.sh sets it): the tool does not see the stores of
-  // cuBLASLt's Hopper kernels (TMA), so every later read of a GEMM's output
-  // would be reported as uninitialized; the zeroed bytes are then overwritten
-  // by the GEMM, and reads beyond its output are still caught.
+  // With the environment variable LOSSRT_INITCHECK_GEMM_OUTPUTS=1
+  // (InitcheckZeroingRequested, read once, here) every call that does not read
+  // its output (beta = 0, or C a buffer apart from D) zeroes D (and a GELU
+  // epilogue's aux output) on the stream first. That is for runs under
+  // `compute-sanitizer --tool initcheck` only (tools/ run_gpu_tests.sh sets
+  // it): the tool does not see the stores of cuBLASLt's Hopper kernels (TMA),
+  // so every later read of a GEMM's output would be reported as uninitialized;
+  // the zeroed bytes are then overwritten by the GEMM, and reads beyond its
+  // output are still caught.
   GemmRunner(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
              cublasComputeType_t compute_type, GemmTuning* tuning = nullptr);
   GemmRunner(const GemmRunner&) = delete;
@@ -179,8 +188,8 @@ class GemmRunner {
   void* workspace_;
   int64_t workspace_bytes_;
   cublasComputeType_t compute_type_;
-  bool zero_outputs_first_ = false;  // LOSSRT_INITCHECK_GEMM_OUTPUTS=1
   GemmTuning* tuning_;
+  bool zero_outputs_first_;  // InitcheckZeroingRequested()
   std::vector<std::unique_ptr<Entry>> cache_;
 };
 

@@ -29,8 +29,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <map>
@@ -42,6 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda_context.h"
+#include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
 #include "runtime/status.h"
 
@@ -348,9 +347,7 @@ class CudnnState final : public ContextResource {
     // initcheck does not see the TMA stores of cuDNN's Hopper kernels, so
     // under it the outputs and the workspace are zeroed before each graph
     // runs (ZeroForInitcheck); never set otherwise.
-    const char* zero_first = std::getenv("LOSSRT_INITCHECK_GEMM_OUTPUTS");
-    state->zero_outputs_first_ =
-        zero_first != nullptr && std::strcmp(zero_first, "1") == 0;
+    state->zero_outputs_first_ = InitcheckZeroingRequested();
     return state;
   }
   // The context destroys it with its device current, after its stream's work.
