@@ -64,7 +64,8 @@ ABSL_FLAG(std::string, extras, "",
           "comma-separated subset of predicted,accuracy,entropy,logprob; "
           "empty: none");
 ABSL_FLAG(float, entropy_weight, 0.0f,
-          "entropy_weight of every timed call (0: off)");
+          "entropy_weight of every timed call (0: off); the backward reads a "
+          "saved entropy, as after a forward that returned it");
 ABSL_FLAG(bool, class_weights, false,
           "random class weights in [0.5, 1.5] on every timed call");
 ABSL_FLAG(int, ignore_every, 0,
@@ -523,11 +524,17 @@ absl::Status Run() {
                          EmptyTensor(context->allocator(), DType::kF32, {}));
         extras.accuracy = accuracy.view;
       }
-      if (want_entropy) {
+      // The entropy is also the backward's saved entropy under
+      // --entropy_weight (the forward's, as a trainer would pass it).
+      if (want_entropy || options.entropy_weight != 0.0f) {
         ASSIGN_OR_RETURN(
             entropy, EmptyTensor(context->allocator(), DType::kF32, {tokens}));
-        extras.entropy = entropy.view;
+        RETURN_IF_ERROR(
+            FillUniform(entropy.view, ++seed, 0.5f, 5.0f, *context));
       }
+      if (want_entropy) extras.entropy = entropy.view;
+      const Tensor* saved_entropy =
+          options.entropy_weight != 0.0f ? &entropy.view : nullptr;
       if (want_logprob) {
         ASSIGN_OR_RETURN(
             logprob, EmptyTensor(context->allocator(), DType::kF32, {tokens}));
@@ -568,7 +575,7 @@ absl::Status Run() {
            [&](int i) {
              return CrossEntropyBackward(*context, logits[i % kSets].view,
                                          targets.view, lse.view, grad_loss.view,
-                                         options, grad.view);
+                                         options, grad.view, saved_entropy);
            }},
           {"fused", 2 * bytes_read,
            [&](int i) {

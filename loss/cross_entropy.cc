@@ -91,12 +91,16 @@ struct Request {
   const Tensor* grad_logits = nullptr;
   const Tensor* grad_loss = nullptr;           // incoming gradient
   const CrossEntropyExtras* extras = nullptr;  // forward outputs
+  // The backward's saved entropy (f32 [tokens]); read only with
+  // entropy_weight != 0.
+  const Tensor* saved_entropy = nullptr;
   bool backward_only = false;
 };
 
 // The workspace: the target scan's stats, then three [tokens] f32 arrays: the
 // per-token losses of a reduced call, the accuracy's per-token terms, and the
-// entropy that a backward with entropy_weight != 0 recomputes.
+// entropy that a backward with entropy_weight != 0 and no saved entropy
+// recomputes.
 struct WorkspaceLayout {
   int64_t row_loss = 0;
   int64_t row_hit = 0;
@@ -178,6 +182,16 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
       RETURN_IF_ERROR(
           CheckNoOverlap(*request.grad_logits, "grad_logits", {request.lse}));
   }
+  // The saved entropy is checked whether or not entropy_weight reads it, so
+  // that a wrong one fails the same way in every call.
+  if (request.saved_entropy != nullptr) {
+    RETURN_IF_ERROR(ce::CheckLseTensor(*request.saved_entropy, problem.tokens,
+                                       context, "saved_entropy"));
+    RETURN_IF_ERROR(CheckNoOverlap(*request.grad_logits, "grad_logits",
+                                   {request.saved_entropy}));
+  }
+  const bool use_saved_entropy =
+      request.saved_entropy != nullptr && options.entropy_weight != 0.0f;
 
   ce::RowArgs args = ce::MakeRowArgs(
       logits.data, logits.dtype, logits.effective_row_stride(), problem.tokens,
@@ -199,7 +213,12 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
       request.extras != nullptr && request.extras->accuracy.has_value();
   const bool needs_workspace =
       reduce || accuracy ||
-      (request.backward_only && options.entropy_weight != 0.0f);
+      (request.backward_only && options.entropy_weight != 0.0f &&
+       !use_saved_entropy);
+  if (use_saved_entropy) {
+    // An input of the backward's kernels (RowArgs::entropy).
+    args.entropy = const_cast<float*>(request.saved_entropy->data_as<float>());
+  }
 
   if (context.device().is_cpu()) {
     const ce::TargetStats stats =
@@ -209,7 +228,7 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
         ce::CheckTargetStats(stats, options, problem.tokens, problem.vocab));
     args.stats = &stats;
     if (request.backward_only) {
-      ce::BackwardCpu(args);  // the rows' entropy from the rows themselves
+      ce::BackwardCpu(args);  // without a saved entropy, from the rows
       return absl::OkStatus();
     }
     // Per-token losses of a reduced call and the accuracy's terms go to the
@@ -264,7 +283,7 @@ absl::Status Run(Context& context, const Tensor& logits, const Tensor& targets,
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &num_sms, cudaDevAttrMultiProcessorCount, context.device().ordinal));
   if (request.backward_only) {
-    if (options.entropy_weight != 0.0f) {
+    if (options.entropy_weight != 0.0f && !use_saved_entropy) {
       // The rows' entropy first, from a forward statistics pass (one more
       // read of the logits): the saved lse does not give it.
       ce::RowArgs stats_args = args;
@@ -327,11 +346,13 @@ absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
                                   const Tensor& targets, const Tensor& lse,
                                   const Tensor& grad_loss,
                                   const CrossEntropyOptions& options,
-                                  const Tensor& grad_logits) {
+                                  const Tensor& grad_logits,
+                                  const Tensor* saved_entropy) {
   Request request;
   request.lse = &lse;
   request.grad_loss = &grad_loss;
   request.grad_logits = &grad_logits;
+  request.saved_entropy = saved_entropy;
   request.backward_only = true;
   return Run(context, logits, targets, options, request);
 }

@@ -34,8 +34,10 @@
 // With entropy_weight = e != 0 every counted token's loss gains -e * H_i (the
 // mean divides it by the number of counted tokens, as the z-loss part), and
 // the gradient gains e * p_j * (z_j - (lse - H)) (times the soft cap's chain
-// rule). CrossEntropyBackward from a saved lse recomputes H with one more read
-// of the logits (a forward statistics pass) when entropy_weight != 0. NaN
+// rule). CrossEntropyBackward from a saved lse needs H too when entropy_weight
+// != 0: pass the forward's entropy (CrossEntropyExtras::entropy) as the saved
+// entropy, or it recomputes H with one more read of the logits (a forward
+// statistics pass). NaN
 // logits make the extras of their row unspecified. Cost: on the GPU the extras
 // run their own instantiations of the row kernels, over the same single read
 // of the logits: an entropy FFMA a logit, and the argmax found once the row's
@@ -128,12 +130,17 @@ absl::Status CrossEntropyForward(Context& context, const Tensor& logits,
 
 // grad_logits from the logits, the targets, the saved lse and the incoming
 // gradient of the loss (f32 [] for mean/sum, [tokens] for none). One read of
-// the logits, one write (two reads with entropy_weight != 0).
+// the logits, one write. With entropy_weight != 0 the gradient needs each
+// row's entropy: `saved_entropy` (optional, f32 [tokens]) is the forward's
+// CrossEntropyExtras::entropy of the same logits and options; without it the
+// call recomputes the entropy with a second read of the logits. Unused when
+// entropy_weight == 0.
 absl::Status CrossEntropyBackward(Context& context, const Tensor& logits,
                                   const Tensor& targets, const Tensor& lse,
                                   const Tensor& grad_loss,
                                   const CrossEntropyOptions& options,
-                                  const Tensor& grad_logits);
+                                  const Tensor& grad_logits,
+                                  const Tensor* saved_entropy = nullptr);
 
 // Loss, lse (optional) and grad_logits in one pass over the logits. `grad_loss`
 // (optional) scales the gradient as in CrossEntropyBackward; without it the

@@ -113,10 +113,11 @@ cudaError_t DispatchTypes(const RowArgs& args, Fn&& fn) {
 // smoothing or the entropy's gradient, which touch every logit. Class weights
 // alone only weigh each row's target and the mean's denominator
 // (RowCoefficients, the target scan), which every kernel does, so they keep the
-// plain kernels.
-inline bool HasOptions(const RowArgs& args) {
+// plain kernels. Without a gradient, entropy_weight only subtracts the row's
+// entropy (which the extras' kernels sum anyway) from its loss.
+inline bool HasOptions(const RowArgs& args, bool grad) {
   return args.softcap > 0.0f || args.label_smoothing > 0.0f ||
-         args.entropy_weight != 0.0f;
+         (grad && args.entropy_weight != 0.0f);
 }
 
 // Calls launch(TypeTag<T>, TypeTag<G>, kVec, kOpt) (the last two as
@@ -131,10 +132,11 @@ cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
     using G = typename decltype(grad_tag)::Type;
     if (!RowsVectorizable(args, sizeof(T), sizeof(G), kGrad))
       return launch(logits_tag, grad_tag, std::false_type{}, std::true_type{});
-    return HasOptions(args) ? launch(logits_tag, grad_tag, std::true_type{},
-                                     std::true_type{})
-                            : launch(logits_tag, grad_tag, std::true_type{},
-                                     std::false_type{});
+    return HasOptions(args, kGrad)
+               ? launch(logits_tag, grad_tag, std::true_type{},
+                        std::true_type{})
+               : launch(logits_tag, grad_tag, std::true_type{},
+                        std::false_type{});
   });
 }
 

@@ -57,10 +57,10 @@ absl::Status CheckLossTensor(const Tensor& tensor, Reduction reduction,
 }
 
 absl::Status CheckLseTensor(const Tensor& tensor, int64_t tokens,
-                            const Context& context) {
-  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, "lse"));
-  RETURN_IF_ERROR(CheckShape(tensor, {tokens}, "lse"));
-  return CheckOnContext(tensor, context, "lse");
+                            const Context& context, absl::string_view name) {
+  RETURN_IF_ERROR(CheckDType(tensor, {DType::kF32}, name));
+  RETURN_IF_ERROR(CheckShape(tensor, {tokens}, name));
+  return CheckOnContext(tensor, context, name);
 }
 
 absl::Status CheckCrossEntropyOptions(const CrossEntropyOptions& options,

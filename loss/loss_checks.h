@@ -49,9 +49,11 @@ absl::Status CheckLossTensor(const Tensor& tensor, Reduction reduction,
                              int64_t tokens, const Context& context,
                              absl::string_view name);
 
-// `lse`: f32 [tokens]; CheckOnContext.
+// `lse` (or another per-token f32 array, such as a saved entropy, named
+// `name`): f32 [tokens]; CheckOnContext.
 absl::Status CheckLseTensor(const Tensor& tensor, int64_t tokens,
-                            const Context& context);
+                            const Context& context,
+                            absl::string_view name = "lse");
 
 // The options' values (label_smoothing in [0, 1), z_loss and softcap finite
 // and >= 0, entropy_weight finite) and the class weights' tensor (f32 [vocab]

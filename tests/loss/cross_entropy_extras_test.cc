@@ -504,8 +504,10 @@ TEST(CrossEntropyExtrasTest, AllIgnored) {
   }
 }
 
-// entropy_weight: the loss and the gradient of ForwardBackward and of Backward
-// from the saved lse against the reference.
+// entropy_weight: the loss and the gradient of ForwardBackward, of the forward
+// alone, and of Backward from the saved lse (its entropy recomputed, or saved
+// by the forward) against the reference; a wrong saved entropy is rejected
+// and writes nothing.
 TEST(CrossEntropyExtrasTest, EntropyWeightLossAndGradient) {
   std::mt19937_64 rng(test::TestSeed());
   for (const BackendRun& run : Runs()) {
@@ -555,6 +557,46 @@ TEST(CrossEntropyExtrasTest, EntropyWeightLossAndGradient) {
               s->grad_loss.view, s->options, s->grad.view));
           ASSERT_OK(Download(*s->context, s->grad));
           check(false);
+          // The forward alone, saving lse and entropy (its loss and the
+          // entropy against the reference), then the backward from both.
+          ASSERT_OK(s->PoisonOutputs());
+          CrossEntropyExtras saved;
+          saved.entropy = s->entropy.view;
+          ASSERT_OK(CrossEntropyForward(*s->context, s->logits.view,
+                                        s->targets.view, s->options,
+                                        s->loss.view, &s->lse.view, &saved));
+          ASSERT_OK(Download(*s->context, s->loss));
+          ASSERT_OK(Download(*s->context, s->entropy));
+          EXPECT_NEAR(LoadValue(s->loss, 0), ref.loss,
+                      1e-5 * (1.0 + std::fabs(ref.loss)));
+          const double entropy_tol = p.dtype == DType::kF32 ? 1e-5 : 1e-4;
+          for (int64_t i = 0; i < p.tokens; ++i) {
+            EXPECT_NEAR(LoadValue(s->entropy, i), ref.entropy[i],
+                        entropy_tol * (1.0 + std::fabs(ref.lse[i])))
+                << i;
+          }
+          ASSERT_OK(CrossEntropyBackward(
+              *s->context, s->logits.view, s->targets.view, s->lse.view,
+              s->grad_loss.view, s->options, s->grad.view, &s->entropy.view));
+          ASSERT_OK(Download(*s->context, s->grad));
+          check(false);
+          // A saved entropy of the wrong length or dtype.
+          ASSERT_OK(PoisonArray(*s->context, s->grad));
+          const std::vector<uint8_t> poisoned = s->grad.host;
+          const Tensor short_entropy = Tensor::Of(
+              s->entropy.view.data, DType::kF32, {p.tokens - 1}, run.device);
+          const Tensor int_entropy = Tensor::Of(
+              s->entropy.view.data, DType::kI32, {p.tokens}, run.device);
+          for (const Tensor* bad : {&short_entropy, &int_entropy}) {
+            EXPECT_EQ(CrossEntropyBackward(*s->context, s->logits.view,
+                                           s->targets.view, s->lse.view,
+                                           s->grad_loss.view, s->options,
+                                           s->grad.view, bad)
+                          .code(),
+                      absl::StatusCode::kInvalidArgument);
+          }
+          ASSERT_OK(Download(*s->context, s->grad));
+          EXPECT_EQ(s->grad.host, poisoned) << "a rejected call wrote";
         }
       }
     }
