@@ -23,6 +23,7 @@
 #ifdef LOSSRT_WITH_CUDA
 #include "graph/ops/attention_cuda.h"
 #include "runtime/cuda_context.h"
+#include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"
 #include "runtime/scoped_device.h"
 #endif
@@ -385,6 +386,22 @@ absl::Status Gemm(cublasHandle_t handle, cublasOperation_t op_a,
                   float alpha, const Operand& a, const Operand& b, float beta,
                   void* c, cudaDataType c_type, int64_t ldc, int64_t stride_c,
                   int64_t count) {
+  // Under compute-sanitizer's initcheck, cuBLAS's Hopper kernels store
+  // through TMA, which the tool does not see: each item's m x n block of C
+  // (and only it: items and other heads interleave) is zeroed first, as the
+  // GEMM runner does (runtime/cuda_gemm.h), so that our kernels' reads of C
+  // stay checked. (This path is the GPU's reference, not the hot one: the
+  // environment is read each call.)
+  if (beta == 0.0f && InitcheckZeroingRequested()) {
+    cudaStream_t stream = nullptr;
+    CUBLAS_RETURN_IF_ERROR(cublasGetStream(handle, &stream));
+    const int64_t size = c_type == CUDA_R_32F ? 4 : 2;
+    for (int64_t item = 0; item < count; ++item) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemset2DAsync(static_cast<char*>(c) + item * stride_c * size,
+                            ldc * size, 0, m * size, n, stream));
+    }
+  }
   CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n),
       static_cast<int>(k), &alpha, a.data, a.type, static_cast<int>(a.ld),

@@ -122,7 +122,8 @@ __device__ __forceinline__ void MergeSoftmax(float& m, float& l, float m2,
 
 // One warp per score row (group g, query i): the log-sum-exp over keys 0..i,
 // then the probabilities of the whole row (0 for keys past i, so that the
-// P V GEMM over all keys is causal).
+// P V GEMM over all keys is causal), its padding up to ld included: the GEMMs'
+// vector loads at the row's end read it (and a NaN there would reach them).
 template <typename T>
 __global__ void CausalSoftmaxKernel(const float* __restrict__ scores,
                                     int64_t ld, T* __restrict__ probs,
@@ -152,14 +153,15 @@ __global__ void CausalSoftmaxKernel(const float* __restrict__ scores,
   // Key 0 is always visible, so l >= 1 and the log-sum-exp is finite.
   const float row_lse = m + logf(l);
   if (lane == 0) lse[row] = row_lse;
-  for (int64_t key = lane; key < seq; key += 32) {
+  for (int64_t key = lane; key < ld; key += 32) {
     const float p = key <= query ? expf(score_row[key] - row_lse) : 0.0f;
     prob_row[key] = FromFloat<T>(p);
   }
 }
 
 // One block per score row: probabilities recomputed from the saved lse, and
-// dscores = p * (dprobs - delta) (the softmax backward), 0 above the diagonal.
+// dscores = p * (dprobs - delta) (the softmax backward), 0 above the diagonal
+// and in the row's padding up to ld (which the GEMMs' vector loads read).
 template <typename T>
 __global__ void SoftmaxBackwardKernel(const float* __restrict__ scores,
                                       const float* __restrict__ dprobs,
@@ -171,7 +173,7 @@ __global__ void SoftmaxBackwardKernel(const float* __restrict__ scores,
   const int64_t query = row % seq;
   const float row_lse = lse[row];
   const float row_delta = delta[row];
-  for (int64_t key = threadIdx.x; key < seq; key += blockDim.x) {
+  for (int64_t key = threadIdx.x; key < ld; key += blockDim.x) {
     const int64_t at = row * ld + key;
     float p = 0.0f;
     float ds = 0.0f;
