@@ -32,7 +32,9 @@
 # the H200 ("The Sanitizer failed to handle a hardware exception", then an illegal address),
 # so it instruments everything (printing every report: --print-limit) and the table counts
 # the reports that name vendor kernels apart: a binary whose every reported hazard is in them
-# passes, its row says how many.
+# passes, its row says how many. Under memcheck the API errors raised inside NCCL, cuBLAS or
+# cuDNN (NCCL's start-up probes kernel images built for other GPUs) are counted apart the
+# same way (every report printed: --print-limit).
 # GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. Under racecheck the contexts
 # start with GEMM tuning off (LOSSRT_GEMM_TUNING=0: each instrumented cuBLASLt launch takes
 # seconds, and tuning times eight candidates a shape; the bits are the same), except in
@@ -41,9 +43,11 @@
 # initcheck LOSSRT_INITCHECK_GEMM_OUTPUTS=1 makes our GEMM runner zero each output before
 # cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked; the
 # cuDNN attention graphs' outputs and workspace are zeroed the same way, as cuDNN's stores
-# are just as invisible to the tool (graph/ops/attention_cudnn.cc). So under initcheck the
-# vendor kernels are left uninstrumented too, as under synccheck: their outputs are zeroed
-# before they run, and our kernels' reads of them stay checked.
+# are just as invisible to the tool (graph/ops/attention_cudnn.cc), and so are the outputs
+# of the attention's cuBLAS path (graph/ops/attention.cc). Under initcheck the vendor
+# kernels stay instrumented: left out, their stores are not tracked at all (cuBLASLt's
+# split-K reduction, which is not left out, then reads "uninitialized" workspace) and the
+# tool runs about ten times slower.
 #
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
 # LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/
@@ -130,7 +134,8 @@ sanitize_filter() {
 # "RACECHECK SUMMARY: ... (N errors, M warnings)"), summed; empty when it printed none.
 sanitizer_errors() {
   local counts
-  counts=$(sed -nE 's/^========= ERROR SUMMARY: ([0-9]+) errors?.*/\1/p' "$1")
+  # Not "N errors were not printed", which follows the count when some were left out.
+  counts=$(sed -nE 's/^========= ERROR SUMMARY: ([0-9]+) errors?$/\1/p' "$1")
   [[ -z "${counts}" ]] &&
     counts=$(sed -nE 's/^========= RACECHECK SUMMARY: .*\(([0-9]+) errors?.*/\1/p' "$1")
   awk '{ sum += $1; found = 1 } END { if (found) print sum }' <<<"${counts}"
@@ -144,6 +149,19 @@ racecheck_hazards_by_owner() {
   awk -v vendor="${pattern}" '
     /Race reported between/ { if ($0 ~ vendor) v++; else o++ }
     END { printf "%d %d\n", o, v }' "$1"
+}
+
+# memcheck's reports split by whose code they come from: "<ours> <vendor>", vendor being an
+# API error ("Program hit cudaError...") whose host backtrace runs through NCCL, cuBLAS or
+# cuDNN (NCCL probes its kernel images with cudaFuncGetAttributes at init, and reports
+# cudaErrorNoKernelImageForDevice for those built for other GPUs); every other report is ours.
+memcheck_reports_by_owner() {
+  awk '
+    function close_block() { if (in_block) { if (vendor) v++; else o++ } in_block = 0; vendor = 0 }
+    /^========= Program hit / { close_block(); in_block = 1; next }
+    /^========= [A-Z]/ { close_block(); if ($0 !~ /COMPUTE-SANITIZER|ERROR SUMMARY/) o++; next }
+    in_block && /Host Frame:/ && /libnccl\.so|libcublas(Lt)?\.so|libcudnn/ { vendor = 1 }
+    END { close_block(); printf "%d %d\n", o, v }' "$1"
 }
 
 # The test binaries: executables in this folder (benchmarks and examples live in
@@ -186,9 +204,10 @@ for path in "${tests[@]}"; do
   if [[ -n "${sanitize}" ]]; then
     filter=$(sanitize_filter "${name}")
     tool_options=(--tool "${sanitize}" --error-exitcode 1)
-    # Every racecheck report printed, so that each can be classified (the default prints 100).
-    [[ "${sanitize}" == racecheck ]] && tool_options+=(--print-limit 1000000)
-    if [[ "${sanitize}" =~ ^(synccheck|initcheck)$ && "${GPU_SANITIZE_VENDOR:-0}" != 1 ]]; then
+    # Every racecheck and memcheck report printed, so that each can be classified (the
+    # default prints 100).
+    [[ "${sanitize}" =~ ^(racecheck|memcheck)$ ]] && tool_options+=(--print-limit 1000000)
+    if [[ "${sanitize}" == synccheck && "${GPU_SANITIZE_VENDOR:-0}" != 1 ]]; then
       for vendor in "${VENDOR_KERNELS[@]}"; do
         tool_options+=(--kernel-name-exclude "kns=${vendor}")
       done
@@ -219,6 +238,13 @@ for path in "${tests[@]}"; do
       if ((ours == 0 && vendor > 0 && vendor == errors)); then
         vendor_only=1
         cases="${cases} (all ${vendor} reports in vendor kernels)"
+      fi
+    elif [[ "${sanitize}" == memcheck && "${GPU_SANITIZE_VENDOR:-0}" != 1 &&
+      "${errors:-0}" != 0 ]]; then
+      read -r ours vendor < <(memcheck_reports_by_owner "${log}")
+      if ((ours == 0 && vendor > 0 && vendor == errors)); then
+        vendor_only=1
+        cases="${cases} (all ${vendor} reports API errors inside NCCL, cuBLAS or cuDNN)"
       fi
     fi
   fi
