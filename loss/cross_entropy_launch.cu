@@ -1,7 +1,7 @@
 // The cross-entropy kernels' entry points (loss/cross_entropy_cuda.h and, for
 // the benchmark's sweep, loss/cross_entropy_tuning.h): argument checks, then
 // the kernel family: the warp-per-row forward, the fused register/cluster
-// kernel (split by element types over three files) or the backward.
+// kernel or the backward, each split by element types over files.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,13 +18,34 @@ cudaError_t LaunchRowsTuned(const RowArgs& args, const LaunchTuning& tuning,
   if (args.rows == 0) return cudaSuccess;
   if (args.vocab <= 0 || args.vocab > INT32_MAX / 2)
     return cudaErrorInvalidValue;
-  if (args.grad == nullptr)
-    return LaunchForwardRows(args, tuning, num_sms, stream);
-  if (args.logits_type != DType::kF32)
-    return LaunchFusedRows16Bit(args, tuning, num_sms, stream);
-  return args.grad_type == DType::kF32
-             ? LaunchFusedRowsF32(args, tuning, num_sms, stream)
-             : LaunchFusedRowsF32To16Bit(args, tuning, num_sms, stream);
+  // Each family's file holds one type (pair): the others return
+  // cudaErrorInvalidValue, as do pairs that no file holds.
+  if (args.grad == nullptr) {
+    switch (args.logits_type) {
+      case DType::kF32:
+        return LaunchForwardRowsF32(args, tuning, num_sms, stream);
+      case DType::kBF16:
+        return LaunchForwardRowsBf16(args, tuning, num_sms, stream);
+      default:
+        return LaunchForwardRowsF16(args, tuning, num_sms, stream);
+    }
+  }
+  switch (args.logits_type) {
+    case DType::kBF16:
+      return LaunchFusedRowsBf16(args, tuning, num_sms, stream);
+    case DType::kF16:
+      return LaunchFusedRowsF16(args, tuning, num_sms, stream);
+    default:
+      break;
+  }
+  switch (args.grad_type) {
+    case DType::kF32:
+      return LaunchFusedRowsF32(args, tuning, num_sms, stream);
+    case DType::kBF16:
+      return LaunchFusedRowsF32ToBf16(args, tuning, num_sms, stream);
+    default:
+      return LaunchFusedRowsF32ToF16(args, tuning, num_sms, stream);
+  }
 }
 
 cudaError_t LaunchRows(const RowArgs& args, int num_sms, cudaStream_t stream) {

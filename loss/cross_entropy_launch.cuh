@@ -140,22 +140,35 @@ cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
   });
 }
 
-// The family entry points (cross_entropy_forward.cu, _fused_f32.cu,
-// _fused_16bit.cu, _backward.cu), which LaunchRows and LaunchBackward call.
-cudaError_t LaunchForwardRows(const RowArgs& args, const LaunchTuning& tuning,
-                              int num_sms, cudaStream_t stream);
+// The family entry points, one a file (cross_entropy_forward_*.cu,
+// _fused_*.cu, _backward.cu), which LaunchRows and LaunchBackward call by the
+// rows' element types; each returns cudaErrorInvalidValue for other types.
+// The forward, by logits type.
+cudaError_t LaunchForwardRowsF32(const RowArgs& args,
+                                 const LaunchTuning& tuning, int num_sms,
+                                 cudaStream_t stream);
+cudaError_t LaunchForwardRowsBf16(const RowArgs& args,
+                                  const LaunchTuning& tuning, int num_sms,
+                                  cudaStream_t stream);
+cudaError_t LaunchForwardRowsF16(const RowArgs& args,
+                                 const LaunchTuning& tuning, int num_sms,
+                                 cudaStream_t stream);
 // Fused forward+backward, fp32 logits and gradients.
 cudaError_t LaunchFusedRowsF32(const RowArgs& args, const LaunchTuning& tuning,
                                int num_sms, cudaStream_t stream);
-// Fused forward+backward, fp32 logits with 16-bit gradients (the linear
+// Fused forward+backward, fp32 logits with bf16 or f16 gradients (the linear
 // cross-entropy's in-place chunks).
-cudaError_t LaunchFusedRowsF32To16Bit(const RowArgs& args,
-                                      const LaunchTuning& tuning, int num_sms,
-                                      cudaStream_t stream);
-// Fused forward+backward, bf16 or f16 logits.
-cudaError_t LaunchFusedRows16Bit(const RowArgs& args,
-                                 const LaunchTuning& tuning, int num_sms,
-                                 cudaStream_t stream);
+cudaError_t LaunchFusedRowsF32ToBf16(const RowArgs& args,
+                                     const LaunchTuning& tuning, int num_sms,
+                                     cudaStream_t stream);
+cudaError_t LaunchFusedRowsF32ToF16(const RowArgs& args,
+                                    const LaunchTuning& tuning, int num_sms,
+                                    cudaStream_t stream);
+// Fused forward+backward, bf16 or f16 logits (and gradients).
+cudaError_t LaunchFusedRowsBf16(const RowArgs& args, const LaunchTuning& tuning,
+                                int num_sms, cudaStream_t stream);
+cudaError_t LaunchFusedRowsF16(const RowArgs& args, const LaunchTuning& tuning,
+                               int num_sms, cudaStream_t stream);
 cudaError_t LaunchBackwardRows(const RowArgs& args, const LaunchTuning& tuning,
                                int num_sms, cudaStream_t stream);
 

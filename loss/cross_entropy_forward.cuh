@@ -5,7 +5,13 @@
 // warps of a block (WarpGroup), whose totals meet in shared memory. The fast
 // exponential sum skips the per-logit tie test; rows whose max holds most of
 // the probability (RowNeedsExactPass) are streamed again exactly.
+// Instantiated per logits type in cross_entropy_forward_*.cu. Internal to
+// //loss.
+#ifndef LOSSRT_LOSS_CROSS_ENTROPY_FORWARD_CUH_
+#define LOSSRT_LOSS_CROSS_ENTROPY_FORWARD_CUH_
+
 #include <cstdint>
+#include <type_traits>
 
 #include "loss/cross_entropy_launch.cuh"
 #include "loss/cross_entropy_tiles.cuh"
@@ -13,7 +19,6 @@
 
 namespace lossrt {
 namespace ce {
-namespace {
 
 // The exact statistics of a row that a warp streams again: for rows whose
 // max dominates, after the fast sum (RowNeedsExactPass). Such rows were just
@@ -284,8 +289,8 @@ constexpr int64_t kFastSumF32Vocab = 32768;
 // as measured on the H200 (bench/RESULTS.md): fp32 two warps a row from 16
 // tiles and four from 32, bf16 two from 64. Shorter rows (the barrier waits
 // outweigh the even end) and the options' kernels keep one.
-int AutoWarpsPerRow(bool fp32_walk, bool sixteen_bit, bool options,
-                    int64_t tiles_per_row) {
+inline int AutoWarpsPerRow(bool fp32_walk, bool sixteen_bit, bool options,
+                           int64_t tiles_per_row) {
   if (options) return 1;
   if (fp32_walk) return tiles_per_row >= 32 ? 4 : tiles_per_row >= 16 ? 2 : 1;
   return sixteen_bit && tiles_per_row >= 64 ? 2 : 1;
@@ -345,17 +350,26 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
                          warps_per_row);
 }
 
-}  // namespace
-
-cudaError_t LaunchForwardRows(const RowArgs& args, const LaunchTuning& tuning,
-                              int num_sms, cudaStream_t stream) {
-  return DispatchRowKernels<false>(args, [&](auto logits_tag, auto, auto vec,
-                                             auto opt) {
-    using T = typename decltype(logits_tag)::Type;
-    return LaunchWarpRowKernel<T, decltype(vec)::value, decltype(opt)::value>(
-        args, tuning, num_sms, stream);
-  });
+// LaunchWarpRowKernel where the rows' logits type is one of Ts, else
+// cudaErrorInvalidValue: each cross_entropy_forward_*.cu instantiates its own
+// type, so that nvcc compiles them in parallel.
+template <typename... Ts>
+cudaError_t LaunchForwardRowsOf(const RowArgs& args, const LaunchTuning& tuning,
+                                int num_sms, cudaStream_t stream) {
+  return DispatchRowKernels<false>(
+      args, [&](auto logits_tag, auto, auto vec, auto opt) -> cudaError_t {
+        using T = typename decltype(logits_tag)::Type;
+        if constexpr ((std::is_same_v<T, Ts> || ...)) {
+          return LaunchWarpRowKernel<T, decltype(vec)::value,
+                                     decltype(opt)::value>(args, tuning,
+                                                           num_sms, stream);
+        } else {
+          return cudaErrorInvalidValue;
+        }
+      });
 }
 
 }  // namespace ce
 }  // namespace lossrt
+
+#endif  // LOSSRT_LOSS_CROSS_ENTROPY_FORWARD_CUH_
