@@ -35,10 +35,12 @@
 # passes, its row says how many. Under memcheck the API errors raised inside NCCL, cuBLAS or
 # cuDNN (NCCL's start-up probes kernel images built for other GPUs) are counted apart the
 # same way (every report printed: --print-limit).
-# GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. Under racecheck the contexts
-# start with GEMM tuning off (LOSSRT_GEMM_TUNING=0: each instrumented cuBLASLt launch takes
-# seconds, and tuning times eight candidates a shape; the bits are the same), except in
-# runtime_cuda_gemm_test, which tests the tuning. initcheck does not see the
+# GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. Under racecheck and initcheck
+# the contexts start with GEMM tuning off (LOSSRT_GEMM_TUNING=0: each instrumented cuBLASLt
+# launch takes seconds, and tuning times eight candidates a shape, for every context: one
+# case of the vocabulary-parallel linear cross-entropy at P = 3 took 410 s under initcheck
+# with it on; the bits are the same), except in runtime_cuda_gemm_test, which tests the
+# tuning. initcheck does not see the
 # stores of cuBLASLt's TMA kernels, so every read of a GEMM's output would be reported: under
 # initcheck LOSSRT_INITCHECK_GEMM_OUTPUTS=1 makes our GEMM runner zero each output before
 # cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked; the
@@ -50,7 +52,9 @@
 # tool runs about ten times slower.
 #
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
-# LOSSRT_TEST_SEED (replays a run's seeds), GPU_TEST_LOGS (where the logs go, default logs/
+# LOSSRT_TEST_SEED (replays a run's seeds), LOSSRT_TEST_ATTENTION_KERNELS (e.g. flash: the
+# attention test's GPU cases run only those kernels' configurations, so that initcheck can
+# take each kernel's cases in a process of its own), GPU_TEST_LOGS (where the logs go, default logs/
 # next to this script), COMPUTE_SANITIZER (the tool's path; default: compute-sanitizer on
 # PATH, else /usr/local/cuda/bin/compute-sanitizer).
 set -uo pipefail
@@ -216,7 +220,8 @@ for path in "${tests[@]}"; do
     [[ -n "${filter}" ]] && command+=("--gtest_filter=${filter}")
   fi
   gemm_tuning=${LOSSRT_GEMM_TUNING:-}
-  [[ "${sanitize}" == racecheck && "${name}" != runtime_cuda_gemm_test ]] && gemm_tuning=0
+  [[ "${sanitize}" =~ ^(racecheck|initcheck)$ && "${name}" != runtime_cuda_gemm_test ]] &&
+    gemm_tuning=0
   start=$(date +%s.%N)
   (cd "${workdir}" && TEST_SRCDIR="${path}.runfiles" LOSSRT_GEMM_TUNING="${gemm_tuning}" \
     timeout -k 30 "${TIMEOUT}" "${command[@]}") >"${log}" 2>&1 </dev/null

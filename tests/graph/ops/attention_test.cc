@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -24,6 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
@@ -722,9 +725,29 @@ CausalAttentionOptions KernelOptions(AttentionKernel kernel) {
   return options;
 }
 
-// Whether this build has the configuration's kernel (it prints why not, once
-// per configuration and call).
+// Whether LOSSRT_TEST_ATTENTION_KERNELS (comma-separated first words of the
+// configurations' names: cublas, flash, cudnn, default) keeps `config`; unset,
+// every configuration runs. It lets a slow tool (compute-sanitizer's initcheck
+// in tools/run_gpu_tests.sh) take one kernel's cases in a process of its own.
+bool Selected(const GpuConfig& config) {
+  const char* env = std::getenv("LOSSRT_TEST_ATTENTION_KERNELS");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string name = config.name;
+  const std::string kernel = name.substr(0, name.find(' '));
+  for (absl::string_view wanted : absl::StrSplit(env, ',')) {
+    if (wanted == kernel) return true;
+  }
+  return false;
+}
+
+// Whether this build has the configuration's kernel and the run selects it
+// (it prints why not, once per configuration and call).
 bool Runnable(const GpuConfig& config) {
+  if (!Selected(config)) {
+    std::printf("skipping %s: not in LOSSRT_TEST_ATTENTION_KERNELS\n",
+                config.name);
+    return false;
+  }
   const absl::Status built = AttentionKernelBuilt(config.kernel);
   if (!built.ok()) {
     std::printf("skipping %s: %s\n", config.name,
