@@ -660,7 +660,7 @@ TEST_P(VocabParallelTest, MatchesSingleDevice) {
   const Case& c = GetParam();
   SKIP_UNLESS_RUNNABLE(c.device, c.backend);
   const Scenario& s = c.scenario;
-  const uint64_t seed = std::random_device()();
+  const uint64_t seed = test::TestSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   Data d = MakeData(s, c.dtype, rng);
@@ -822,7 +822,7 @@ TEST_P(VocabParallelBadInput, EveryRankRejectsAndNothingIsWritten) {
   Scenario s;
   s.class_weights = true;
   s.bias = BiasKind::kF32;
-  const uint64_t seed = std::random_device()();
+  const uint64_t seed = test::TestSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> cuts = {0, 40, 101, 150, s.v};
@@ -870,7 +870,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelBadInput,
 
 TEST(VocabParallelNullCommunicator, Rejected) {
   Scenario s;
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(test::TestSeed());
   Data d = MakeData(s, DType::kF32, rng);
   Outputs o = MakeOutputs(s, DType::kF32, 1);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
