@@ -37,10 +37,9 @@
 # same way (every report printed: --print-limit).
 # GPU_SANITIZE_VENDOR=1 instruments and counts them as any other. Under racecheck and initcheck
 # the contexts start with GEMM tuning off (LOSSRT_GEMM_TUNING=0: each instrumented cuBLASLt
-# launch takes seconds, and tuning times eight candidates a shape, for every context: one
-# case of the vocabulary-parallel linear cross-entropy at P = 3 took 410 s under initcheck
-# with it on; the bits are the same), except in runtime_cuda_gemm_test, which tests the
-# tuning. initcheck does not see the
+# launch takes seconds, and tuning times eight candidates a shape, for every context, which
+# kept the multi-rank tests from finishing; the bits are the same), except in
+# runtime_cuda_gemm_test, which tests the tuning. initcheck does not see the
 # stores of cuBLASLt's TMA kernels, so every read of a GEMM's output would be reported: under
 # initcheck LOSSRT_INITCHECK_GEMM_OUTPUTS=1 makes our GEMM runner zero each output before
 # cuBLASLt writes it (runtime/cuda_gemm.h), which keeps reads past the output checked; the
