@@ -49,6 +49,10 @@
 # kernels stay instrumented: left out, their stores are not tracked at all (cuBLASLt's
 # split-K reduction, which is not left out, then reads "uninitialized" workspace) and the
 # tool runs about ten times slower.
+# One binary at a time, as here: initcheck in several processes at once on one GPU reported
+# reads of bytes that a kernel earlier on the same stream had written, and the multi-rank
+# tests met illegal addresses, where the same cases alone, without the tool under the same
+# load, and under memcheck under that load, were clean (bench/RESULTS.md, GPU test runs).
 #
 # Environment: GPU_TEST_TIMEOUT (seconds per binary, default 600, 3600 under --sanitize),
 # LOSSRT_TEST_SEED (replays a run's seeds), LOSSRT_TEST_ATTENTION_KERNELS (e.g. flash: the

@@ -522,8 +522,14 @@ bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
-TEST(EmbeddingGpuTest, BackwardIsBitwiseReproducible) {
+// One case per dtype, so that a slow tool (compute-sanitizer) can run them
+// apart.
+class EmbeddingGpuReproducibilityTest : public ::testing::TestWithParam<DType> {
+};
+
+TEST_P(EmbeddingGpuReproducibilityTest, BackwardIsBitwiseReproducible) {
   SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
   const uint64_t seed = test::TestSeed();
   auto gpu = MakeContext(Device::Cuda(0));
   ASSERT_NE(gpu, nullptr);
@@ -535,33 +541,36 @@ TEST(EmbeddingGpuTest, BackwardIsBitwiseReproducible) {
   const std::vector<double> d_tok0 =
       test::Rounded(DType::kF32, RandomValues(vocab * cols, seed + 2, -1, 1));
   const std::vector<double> d_pos0 = RandomValues(seq * cols, seed + 3, -1, 1);
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    SCOPED_TRACE(DTypeName(dtype));
-    ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
-                         FromHost(*gpu, dtype, {rows, cols},
-                                  RandomValues(rows * cols, seed + 1, -1, 1)));
-    std::vector<double> first_tok, first_pos;
-    for (int run = 0; run < 3; ++run) {
-      SCOPED_TRACE(absl::StrCat("run ", run));
-      ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
-                           FromHost(*gpu, DType::kF32, {vocab, cols}, d_tok0));
-      ASSERT_OK_AND_ASSIGN(OwnedTensor d_pos,
-                           FromHost(*gpu, DType::kF32, {seq, cols}, d_pos0));
-      ASSERT_OK(EmbeddingBackward(*gpu, ids.view, d_out.view, seq, d_tok.view,
-                                  &d_pos.view));
-      ASSERT_OK_AND_ASSIGN(std::vector<double> tok, ToHost(*gpu, d_tok.view));
-      ASSERT_OK_AND_ASSIGN(std::vector<double> pos, ToHost(*gpu, d_pos.view));
-      if (run == 0) {
-        ASSERT_FALSE(SameBits(tok, d_tok0));  // it did add something
-        first_tok = std::move(tok);
-        first_pos = std::move(pos);
-      } else {
-        EXPECT_TRUE(SameBits(tok, first_tok));
-        EXPECT_TRUE(SameBits(pos, first_pos));
-      }
+  ASSERT_OK_AND_ASSIGN(OwnedTensor d_out,
+                       FromHost(*gpu, dtype, {rows, cols},
+                                RandomValues(rows * cols, seed + 1, -1, 1)));
+  std::vector<double> first_tok, first_pos;
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_tok,
+                         FromHost(*gpu, DType::kF32, {vocab, cols}, d_tok0));
+    ASSERT_OK_AND_ASSIGN(OwnedTensor d_pos,
+                         FromHost(*gpu, DType::kF32, {seq, cols}, d_pos0));
+    ASSERT_OK(EmbeddingBackward(*gpu, ids.view, d_out.view, seq, d_tok.view,
+                                &d_pos.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> tok, ToHost(*gpu, d_tok.view));
+    ASSERT_OK_AND_ASSIGN(std::vector<double> pos, ToHost(*gpu, d_pos.view));
+    if (run == 0) {
+      ASSERT_FALSE(SameBits(tok, d_tok0));  // it did add something
+      first_tok = std::move(tok);
+      first_pos = std::move(pos);
+    } else {
+      EXPECT_TRUE(SameBits(tok, first_tok));
+      EXPECT_TRUE(SameBits(pos, first_pos));
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, EmbeddingGpuReproducibilityTest,
+                         ::testing::Values(DType::kBF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 TEST(EmbeddingGpuTest, WorkspaceBytes) {
   EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(Device::Cpu(), 16384, 50304, 768),
