@@ -30,11 +30,10 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 // The most of the context's cuBLASLt workspace a call uses (out of its budget):
 // enough for the split-K and stream-K kernels of these shapes, small next to a
 // logits chunk. Below that, a share of the budget: 1/64 for token chunks, whose
-// GEMMs' fastest candidates used at most a few bytes of workspace (H200,
-// 2026-11-30; 1/16 before: at 256 MiB the 12 MiB given back to the logits made
-// 4096 x 4096 x 128256 run 8 chunks of 512 tokens instead of 9 of 490, 26.9 ->
-// 25.2 ms, and the H = 768 shape 13 instead of 14, 8.0 -> 7.7 ms), 1/16 for the
-// two-pass schedule (1/64 made its 256000-class run 3 ms slower at 256 MiB).
+// GEMMs' fastest candidates use at most a few bytes of workspace, so that the
+// rest goes to fewer, larger logits chunks; 1/16 for the two-pass schedule,
+// whose GEMMs ran slower with less (bench/RESULTS.md, What was tried and
+// dropped).
 constexpr int64_t kGemmWorkspaceBytes = 16 * kMiB;
 constexpr int64_t kTokenChunksGemmWorkspaceShare = 64;
 constexpr int64_t kTwoPassGemmWorkspaceShare = 16;
@@ -77,8 +76,8 @@ class Layout {
 };
 
 // Rough H200 rates for choosing between schedules (only their ratios matter).
-// The cross-entropy kernels' rate is what they reached there on 2026-11-30
-// (fp32 logits in, bf16 gradient out: 1.3-2.0 TB/s), below the copy rate.
+// The cross-entropy kernels' rate is about what they reached there on fp32
+// logits in and a 16-bit gradient out, below the copy rate.
 struct Rates {
   double flops;
   double bytes_per_second = 3.8e12;
@@ -92,11 +91,9 @@ struct Rates {
 // then it saved only 3-5%, so the estimates below assume it hides nothing.
 constexpr double kOverlapMinGemmToCeRatio = 3.0;
 
-// With tuned GEMMs (2026-11-30, H200, bf16, H = 4096), the second stream paid
-// only where the token chunks were at most two: 4096 x 4096 x 128256 in 2
-// chunks took 20.0-20.6 ms with it and 21.4-22.6 without; 16384 tokens in 8
-// chunks 82.8-84.4 against 79.9-82.5 ms, and at 256 MiB (9 and 34 chunks)
-// 28.4 against 27.1 and 114.8 against 110.2 ms.
+// With tuned GEMMs (H200, bf16, H = 4096), the second stream paid only where
+// the token chunks were at most two; over more chunks it was slower than one
+// stream (bench/RESULTS.md, What was tried and dropped).
 constexpr int64_t kOverlapMaxTokenChunks = 2;
 
 // The two-pass schedule ran about 8% above its estimate on the H200 (its

@@ -656,8 +656,8 @@ __device__ __forceinline__ void LoadQueryBlock(
 
 // kStoreDs (kBlockQ == kDsTile): dS^T also goes to p.ds, for the dQ kernel
 // to read instead of recomputing P and dP. Its registers are capped for three
-// blocks an SM (168, a few spilled): on the H200 that beat two blocks at 177
-// registers (attention backward 6.36 against 6.82 ms a GPT-2-small step).
+// blocks an SM (a few spill): on the H200 that beat two blocks with every
+// register it wanted (bench/RESULTS.md, What was tried and dropped).
 template <int kD, int kBlockQ, bool kStoreDs>
 __global__ void __launch_bounds__(kThreads, kStoreDs ? 3 : 1)
     FlashBackwardDkDvKernel(const Problem p) {

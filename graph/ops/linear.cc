@@ -301,8 +301,8 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
   if (d_bias != nullptr) {
     // d_bias += the column sums of dy, by our kernel rather than cuBLASLt's
     // BGRADB epilogue: on the H200 that epilogue ran as a reduction kernel of
-    // its own after the GEMM, at about 2.4 TB/s (1.1 ms of a GPT-2-small
-    // step).
+    // its own after the GEMM, below the copy rate (bench/RESULTS.md, What was
+    // tried and dropped).
     ASSIGN_OR_RETURN(void* scratch,
                      context.Workspace(LinearBackwardWorkspaceBytes(
                          context.device(), s.rows, s.out)));
