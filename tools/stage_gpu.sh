@@ -136,6 +136,8 @@ main() {
   mkdir -p "${STAGE}"
   cp tools/run_gpu_tests.sh "${STAGE}/run_gpu_tests.sh"
   chmod 755 "${STAGE}/run_gpu_tests.sh"
+  cp tools/run_sanitizer_plan.sh tools/sanitizer_plan.txt "${STAGE}/"
+  chmod 755 "${STAGE}/run_sanitizer_plan.sh"
   local corpus_rc=0
   stage_corpus || corpus_rc=1
   stage_gpu_corpus || corpus_rc=1
