@@ -69,7 +69,7 @@ readonly LOGS=${GPU_TEST_LOGS:-${HERE}/logs}
 # the suites whose GPU cases do not (they loop over the devices, or need a GPU throughout).
 readonly GPU_CASES='*cuda*:*Cuda*:*CUDA*:*gpu*:*Gpu*:*GPU*:GemmTuningTest.*:CopyTensorTest.HostDeviceRoundTrip:CopyTensorTest.DeviceTensorOnAnotherDeviceIsRejected:LinearResidualTest.*:LinearGeluTest.*:AddTest.*:AccumulateIntoTest.*:ZeroTest.*:GraphResidualTest.FusedResidualsMatchExplicitAdds:GraphLossHeadTest.*:AdamWTest.DecayMaskBoundaryIsExact:GradientNormTest.MatchesDoubleSum:CrossEntropyExtrasTest.*:LinearCrossEntropyExtrasTest.*:NcclCommunicatorTest.*:ContextResourcesTest.*'
 
-# Name substrings of the vendor kernels (see above).
+# Name substrings of the vendor kernels (see above; run_sanitizer_plan.sh repeats them).
 readonly VENDOR_KERNELS=(nvjet cudnn xmma cutlass)
 
 sanitize=""
