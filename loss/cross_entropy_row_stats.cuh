@@ -311,7 +311,9 @@ __device__ __forceinline__ int64_t LoadTarget(const RowArgs& args,
 // the math):
 //   dz_j = coef * p_j - smooth_w * w_j            (j != t)
 //   dz_t = coef * expm1(z_t - lse) + (coef - target_coef) - smooth_w * w_t
-// Writing dz_t through expm1 keeps p_t - 1 exact when p_t is near 1.
+// Writing dz_t through expm1 keeps p_t - 1 exact when p_t is near 1; far
+// from 1 the kernels write coef * p_t - target_coef - smooth_w * w_t
+// (TargetGrad), which keeps p_t's digits.
 struct RowCoefficients {
   bool ignored;
   bool valid_target;

@@ -265,6 +265,18 @@ __device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
   }
 }
 
+// The target's dz_t before smoothing's -smooth_w * w_t, from d = z_t - lse
+// (RowCoefficients has the math). Near p_t = 1 (d > -1) as coef * expm1(d) +
+// (coef - target_coef), which keeps p_t - 1 exact; below, as coef * p_t -
+// target_coef, which keeps p_t's own digits: the first form adds coef * p_t
+// to -coef in f32 and loses them, all of them where target_coef is small next
+// to coef (a target of weight 0 under label smoothing or z-loss).
+__device__ __forceinline__ float TargetGrad(float d,
+                                            const GradCoefficients& gc) {
+  return d > -1.0f ? gc.coef * expm1f(d) + (gc.coef - gc.target_coef)
+                   : gc.coef * expf(d) - gc.target_coef;
+}
+
 // The gradient of one tile, written once in G. The view's soft cap is applied
 // on unpacking (none where the tile already holds capped logits); the cap's
 // chain rule is that of the row (gc.inv_cap).
@@ -328,13 +340,13 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
     }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
-  // The target's element again (one a row): p - 1 through expm1, exact when p
-  // is near 1. The thread that stored its piece above writes it, so the two
-  // stores are ordered. Out of the piece loop, expm1f is inlined once, not
-  // once a logit of the unrolled loop, whose registers it spilled.
+  // The target's element again (one a row), TargetGrad's way. The thread that
+  // stored its piece above writes it, so the two stores are ordered. Out of
+  // the piece loop, expm1f is inlined once, not once a logit of the unrolled
+  // loop, whose registers it spilled.
   if (holds_target && c.valid_target) {
     const float d = (target_z - gc.shift) - gc.log_sum;
-    float g = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
+    float g = TargetGrad(d, gc) -
               smooth_w * SmoothingWeight(weights, target_in_row, view.vocab);
     if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)
       g += ent_coef * __expf(d) * (d + gc.entropy);
@@ -546,14 +558,13 @@ __device__ __forceinline__ void TileGradFromExp(
     }
     StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
   }
-  // The target's element again, from its logit: p - 1 through expm1, exact
-  // when p is near 1. The thread that stored its piece above writes it, so
-  // the two stores are ordered.
+  // The target's element again, from its logit, TargetGrad's way. The thread
+  // that stored its piece above writes it, so the two stores are ordered.
   if (c.valid_target) {
     const int piece = static_cast<int>(c.target) / kW - view.first;
     if (piece >= 0 && piece % view.stride == 0 && piece / view.stride < R) {
       const float d = (target_logit - gc.shift) - gc.log_sum;
-      float g = gc.coef * expm1f(d) + (gc.coef - gc.target_coef) -
+      float g = TargetGrad(d, gc) -
                 smooth_w * SmoothingWeight(weights, static_cast<int>(c.target),
                                            view.vocab);
       if (kOpt && ent_coef != 0.0f && __expf(d) > 0.0f)

@@ -949,6 +949,15 @@ void FillRandom(Problem& p, std::mt19937_64& rng) {
   for (int64_t& t : p.targets) t = target(rng);
 }
 
+// A harness for `p` on `device` after ForwardBackward and the download of its
+// outputs.
+absl::StatusOr<std::unique_ptr<Harness>> ForwardBackwardHarness(
+    const Device& device, const Problem& p) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Harness> h, Harness::Create(device, p));
+  RETURN_IF_ERROR(h->ForwardBackwardAndDownload());
+  return h;
+}
+
 // Runs ForwardBackward on `p` and checks loss, lse and gradient against the
 // reference on the rows where `rows` is true (all when empty; the reduced loss
 // only then).
@@ -1287,10 +1296,9 @@ TEST_P(CrossEntropyTest, NearCertainTargetsKeepPrecision) {
             RoundTo(dtype, static_cast<float>(rest - std::log(delta)));
       }
       absl::StatusOr<std::unique_ptr<Harness>> created =
-          Harness::Create(device(), p);
+          ForwardBackwardHarness(device(), p);
       ASSERT_OK(created.status());
       Harness& h = **created;
-      ASSERT_OK(h.ForwardBackwardAndDownload());
       const ReferenceResult ref = Reference(p);
       for (int64_t i = 0; i < p.tokens; ++i) {
         const double loss = h.LossValues()[i];
@@ -1313,6 +1321,64 @@ TEST_P(CrossEntropyTest, NearCertainTargetsKeepPrecision) {
                     1e-5 * ref.token_loss[i])
             << "forward, token " << i;
       }
+    }
+}
+
+// A target of class weight 0 under label smoothing: its gradient is all
+// softmax, coef * p_t, with nothing of the target's own term to hide it. With
+// p_t small it must keep its digits (coef * expm1(d) + coef, exact near p_t =
+// 1, loses all of them in f32). Flat logits keep every other element small, so
+// the check is relative to the element itself. Both vocabularies (one CTA and a
+// cluster in the fused call), ForwardBackward and Backward from the saved lse.
+TEST_P(CrossEntropyTest, ZeroWeightTargetKeepsItsSoftmaxGradient) {
+  std::mt19937_64 rng(test::TestSeed());
+  std::normal_distribution<double> normal(0.0, 0.5);
+  std::uniform_real_distribution<float> weight(0.25f, 2.0f);
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (int64_t vocab : {8192, 40000}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " vocab ", vocab));
+      Problem p = EmptyProblem(dtype, DType::kI64, 4, vocab);
+      FillRandom(p, rng);
+      for (double& x : p.logits)
+        x = RoundTo(dtype, static_cast<float>(normal(rng)));
+      p.options.reduction = Reduction::kNone;
+      p.options.label_smoothing = 0.1f;
+      p.weights.resize(vocab);
+      for (float& w : p.weights) w = weight(rng);
+      for (int64_t i = 0; i < p.tokens; ++i) {
+        p.weights[p.targets[i]] = 0.0f;
+        // p_t from about 1e-5 down to 1e-8 of the row's largest p.
+        p.logits[i * vocab + p.targets[i]] =
+            RoundTo(dtype, static_cast<float>(-11.0 - 2.0 * i));
+      }
+      absl::StatusOr<std::unique_ptr<Harness>> created =
+          ForwardBackwardHarness(device(), p);
+      ASSERT_OK(created.status());
+      Harness& h = **created;
+      const ReferenceResult ref = Reference(p);
+      auto expect_targets = [&](const ReferenceResult& r, const char* call) {
+        for (int64_t i = 0; i < p.tokens; ++i) {
+          const double grad_t =
+              LoadFloat(dtype, h.grad_image(), p.Index(i, p.targets[i]));
+          const double ref_grad_t = r.grad[i * p.vocab + p.targets[i]];
+          ASSERT_GT(ref_grad_t, 0.0);
+          EXPECT_NEAR(grad_t, ref_grad_t,
+                      1e-4 * ref_grad_t + Ulp(dtype, ref_grad_t))
+              << call << ", token " << i;
+        }
+      };
+      expect_targets(ref, "ForwardBackward");
+      const std::vector<float> saved_lse = h.LseValues();
+      const std::vector<double> ones(p.tokens, 1.0);
+      const ReferenceResult ref_backward =
+          Reference(p, ones, ToDouble(saved_lse));
+      ASSERT_OK(h.PoisonOutputs());
+      ASSERT_OK(h.SetLse(saved_lse));
+      ASSERT_OK(h.SetGradLoss(ones));
+      ASSERT_OK(CrossEntropyBackward(h.context(), h.logits, h.targets, h.lse,
+                                     h.grad_loss, h.options, h.grad));
+      ASSERT_OK(h.DownloadOutputs());
+      expect_targets(ref_backward, "Backward");
     }
 }
 
