@@ -1347,7 +1347,7 @@ TEST_P(CrossEntropyTest, ZeroWeightTargetKeepsItsSoftmaxGradient) {
       for (float& w : p.weights) w = weight(rng);
       for (int64_t i = 0; i < p.tokens; ++i) {
         p.weights[p.targets[i]] = 0.0f;
-        // p_t from about 1e-5 down to 1e-8 of the row's largest p.
+        // p_t from about e^-13 down to e^-19 of the row's largest p.
         p.logits[i * vocab + p.targets[i]] =
             RoundTo(dtype, static_cast<float>(-11.0 - 2.0 * i));
       }
