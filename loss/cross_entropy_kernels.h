@@ -78,11 +78,11 @@ struct RowArgs {
 };
 
 // Whether a forward pass computes the extras' statistics (argmax and the
-// entropy sum), which the kernels compile out otherwise.
+// entropy sum), which the kernels compile out otherwise. target_logprob is not
+// one: it comes from the loss's own statistics, in every kernel.
 inline bool HasExtras(const RowArgs& args) {
   return args.predicted != nullptr || args.entropy != nullptr ||
-         args.target_logprob != nullptr || args.row_hit != nullptr ||
-         args.entropy_weight != 0.0f;
+         args.row_hit != nullptr || args.entropy_weight != 0.0f;
 }
 
 }  // namespace ce

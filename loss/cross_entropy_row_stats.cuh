@@ -503,10 +503,21 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
   }
   args.row_loss[row] = loss;
   if (args.lse != nullptr) args.lse[row] = lse;
+  // The target's log-probability needs no statistic beyond the loss's, so
+  // every forward writes it when asked (HasExtras leaves it out): the linear
+  // cross-entropy's two-pass schedule reads it where the f32 lse cannot give
+  // p_t - 1.
+  if (args.target_logprob != nullptr) {
+    args.target_logprob[row] =
+        c.valid_target
+            ? -((total.max - total.target_logit) + log1pf(total.rest))
+            : (c.ignored ? 0.0f : QuietNaN());
+  }
 }
 
-// Writes the row's extras (one thread a row): predicted, entropy, target
-// log-probability and the accuracy's term. The scan's results are loaded.
+// Writes the row's extras (one thread a row): predicted, entropy and the
+// accuracy's term (WriteRowLoss writes the target's log-probability). The
+// scan's results are loaded.
 __device__ __forceinline__ void WriteRowExtras(const RowArgs& args, int64_t row,
                                                const RowCoefficients& c,
                                                const RowStats& total,
@@ -521,12 +532,6 @@ __device__ __forceinline__ void WriteRowExtras(const RowArgs& args, int64_t row,
   const float fill = c.ignored ? 0.0f : QuietNaN();
   if (args.entropy != nullptr)
     args.entropy[row] = c.valid_target ? entropy : fill;
-  if (args.target_logprob != nullptr) {
-    args.target_logprob[row] =
-        c.valid_target
-            ? -((total.max - total.target_logit) + log1pf(total.rest))
-            : fill;
-  }
   if (args.row_hit != nullptr) {
     const double den = args.stats->ce_denominator;
     args.row_hit[row] = c.valid_target && argmax == c.target && den > 0

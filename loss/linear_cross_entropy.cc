@@ -220,6 +220,10 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.lse_offset = fixed.AddIf(
       !in.lse_given && !token_chunks && in.pass == Pass::kForwardBackward,
       4 * n);
+  plan.target_logprob_offset =
+      fixed.AddIf(!in.target_logprob_given && !token_chunks &&
+                      in.pass == Pass::kForwardBackward,
+                  4 * n);
   plan.grad_scale_offset =
       fixed.AddIf(in.operand_type == DType::kF16 && backward,
                   4 * (in.reduction_none ? n : 1));
@@ -267,8 +271,8 @@ Candidate PlanSchedule(const PlanInput& in,
   const int64_t fixed_begin = RoundUp(plan.logits_bytes, kAlignment);
   for (int64_t* offset :
        {&plan.stats_offset, &plan.row_loss_offset, &plan.row_hit_offset,
-        &plan.lse_offset, &plan.grad_scale_offset, &plan.bias_offset,
-        &plan.ones_offset, &plan.d_bias_acc_offset,
+        &plan.lse_offset, &plan.target_logprob_offset, &plan.grad_scale_offset,
+        &plan.bias_offset, &plan.ones_offset, &plan.d_bias_acc_offset,
         &plan.d_weight_acc_offset}) {
     if (*offset >= 0) *offset += fixed_begin;
   }
@@ -466,6 +470,8 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
   in.schedule = options.schedule;
   in.accuracy =
       problem.extras != nullptr && problem.extras->accuracy.has_value();
+  in.target_logprob_given =
+      problem.extras != nullptr && problem.extras->target_logprob.has_value();
   in.entropy_gradient = options.cross_entropy.entropy_weight != 0.0f &&
                         problem.pass == Pass::kForwardBackward;
   return in;
@@ -486,6 +492,17 @@ void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
     args.entropy = extras->entropy->data_as<float>() + row;
   if (extras->target_logprob.has_value())
     args.target_logprob = extras->target_logprob->data_as<float>() + row;
+}
+
+float* TwoPassTargetLogprob(const Problem& problem, const Plan& plan,
+                            float* workspace) {
+  if (plan.schedule != LinearCrossEntropySchedule::kTwoPass ||
+      problem.pass != Pass::kForwardBackward)
+    return nullptr;
+  if (workspace != nullptr) return workspace;
+  return problem.extras != nullptr && problem.extras->target_logprob.has_value()
+             ? problem.extras->target_logprob->data_as<float>()
+             : nullptr;
 }
 
 float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {

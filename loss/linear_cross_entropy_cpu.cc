@@ -146,6 +146,9 @@ class CpuBackend final : public Backend {
   float* row_loss_ = nullptr;
   float* row_hit_ = nullptr;  // [N] the accuracy's terms, or null
   float* lse_ = nullptr;
+  // [N] the targets' log-probabilities of the two-pass schedule's first pass,
+  // read by its slices; null otherwise.
+  float* target_logprob_ = nullptr;
   const float* bias_ = nullptr;
   float* d_weight_acc_ = nullptr;
   float* d_bias_acc_ = nullptr;
@@ -191,6 +194,8 @@ absl::Status CpuBackend::Begin() {
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
+  target_logprob_ = TwoPassTargetLogprob(
+      problem_, plan_, At<float>(plan_.target_logprob_offset));
   const int64_t n = problem_.tokens;
   const float* class_weights = ce_.class_weights.has_value()
                                    ? ce_.class_weights->data_as<float>()
@@ -258,6 +263,8 @@ void CpuBackend::CrossEntropy(const Block& block) {
     args.grad_loss = GradLoss(row);
     args.grad_loss_per_row = grad_loss_per_row_;
     args.lse = lse_ + row;
+    args.target_logprob =
+        target_logprob_ != nullptr ? target_logprob_ + row : nullptr;
     SliceBackwardCpu(args);
     return;
   }
@@ -268,6 +275,7 @@ void CpuBackend::CrossEntropy(const Block& block) {
   args.lse = lse_ != nullptr ? lse_ + row : nullptr;
   if (block.mode != CeMode::kBackward) {
     SetChunkExtras(problem_, row, row_hit_, args);
+    if (target_logprob_ != nullptr) args.target_logprob = target_logprob_ + row;
     args.row_loss = ce_.reduction == Reduction::kNone
                         ? problem_.loss->data_as<float>() + row
                         : row_loss_ + row;

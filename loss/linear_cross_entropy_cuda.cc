@@ -121,9 +121,12 @@ class CudaBackend final : public Backend {
 
   float* logits_ = nullptr;  // [rows, ld] fp32 (the buffer)
   ce::TargetStats* stats_ = nullptr;
-  float* row_loss_ = nullptr;      // [N]
-  float* row_hit_ = nullptr;       // [N] the accuracy's terms, or null
-  float* lse_ = nullptr;           // [N] or null
+  float* row_loss_ = nullptr;  // [N]
+  float* row_hit_ = nullptr;   // [N] the accuracy's terms, or null
+  float* lse_ = nullptr;       // [N] or null
+  // [N] the targets' log-probabilities of the two-pass schedule's first pass,
+  // read by its slices; null otherwise.
+  float* target_logprob_ = nullptr;
   const float* bias_ = nullptr;    // [V] fp32 or null
   const void* ones_ = nullptr;     // [N] operand dtype
   float* d_weight_acc_ = nullptr;  // [V, H] or null
@@ -152,6 +155,8 @@ absl::Status CudaBackend::Begin() {
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
+  target_logprob_ = TwoPassTargetLogprob(
+      problem_, plan_, At<float>(plan_.target_logprob_offset));
   const int64_t n = problem_.tokens;
   if (n == 0) return absl::OkStatus();
 
@@ -333,6 +338,8 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     args.grad_loss = GradLoss(row_begin);
     args.grad_loss_per_row = grad_loss_per_row_;
     args.lse = lse_ + row_begin;
+    args.target_logprob =
+        target_logprob_ != nullptr ? target_logprob_ + row_begin : nullptr;
     CUDA_RETURN_IF_ERROR(LaunchSliceBackward(args, stream));
     return absl::OkStatus();
   }
@@ -343,6 +350,8 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
   if (block.mode != CeMode::kBackward) {
     SetChunkExtras(problem_, row_begin, row_hit_, args);
+    if (target_logprob_ != nullptr)
+      args.target_logprob = target_logprob_ + row_begin;
     args.row_loss = ce_.reduction == Reduction::kNone
                         ? problem_.loss->data_as<float>() + row_begin
                         : row_loss_ + row_begin;

@@ -82,6 +82,8 @@ struct PlanInput {
   bool overlap_streams = true;
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
   bool accuracy = false;  // the accuracy's per-token terms need [N] floats
+  bool target_logprob_given =
+      false;  // the caller asked for target_logprob: [N] floats of its own
   // The entropy's gradient: the fused pass keeps to token chunks.
   bool entropy_gradient = false;
 };
@@ -116,6 +118,9 @@ struct Plan {
   int64_t row_loss_offset = -1;  // fp32 [N] per-token losses (mean, sum)
   int64_t row_hit_offset = -1;   // fp32 [N] the accuracy's per-token terms
   int64_t lse_offset = -1;  // fp32 [N] when the caller's lse cannot hold it
+  // fp32 [N] the targets' log-probabilities for the two-pass slices, when the
+  // caller did not ask for them.
+  int64_t target_logprob_offset = -1;
   int64_t grad_scale_offset =
       -1;  // fp32 [1] or [N]: scaled incoming gradient (f16 dlogits)
   int64_t ones_offset =
@@ -189,6 +194,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
 // [N] array of the accuracy's terms (row_hit_offset) or null.
 void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
                     ce::RowArgs& args);
+
+// [N] where the two-pass schedule's first pass writes the targets'
+// log-probabilities for its slices: the caller's target_logprob when it asked
+// for one, else `workspace` (the plan's target_logprob_offset); null for the
+// token-chunk schedule and the split backward, which need none.
+float* TwoPassTargetLogprob(const Problem& problem, const Plan& plan,
+                            float* workspace);
 
 // Power-of-two factor by which 16-bit f16 dlogits are scaled to stay clear of
 // underflow (the mean divides them by up to N): 1 for bf16 and f32, and for

@@ -56,6 +56,11 @@ struct SliceArgs {
   const float* grad_loss = nullptr;  // null = 1; else one value or one per row
   bool grad_loss_per_row = false;
   const float* lse = nullptr;  // [rows]
+  // [rows] z_t - lse of each row's target as the first pass computed it from
+  // the row max and log-sum, or null (the split backward): then the target's
+  // gradient comes from the lse, which loses p_t - 1 once it is below an f32
+  // ulp of the lse (near-certain targets).
+  const float* target_logprob = nullptr;
 };
 
 // dst[i, j] = scale * src[i, j] with conversion (src null: dst = scale).
@@ -82,14 +87,19 @@ void ConvertCpu(const ConvertArgs& args);
 //   2 z lse p_j = a * p_j - e * w_j - [j == t] * c,
 // with W = sum_j w_j, ce_scale and z_scale the incoming gradient over the
 // mean's denominators; then times dz/dx = 1 - (z / softcap)^2 when
-// soft-capping.
+// soft-capping. a = c + b, b = e * W + z_scale * 2 z lse, so that the target's
+// element can be written c * (p_t - 1) + b * p_t - e * w_t with p_t - 1 from
+// expm1 of its log-probability.
 struct SliceRow {
   bool ignored = true;
   int64_t target = 0;
   float lse = 0.0f;
   float a = 0.0f;
+  float b = 0.0f;
   float c = 0.0f;
   float e = 0.0f;
+  float target_logprob = NAN;  // NaN: from the lse
+  bool has_target_logprob = false;
 };
 
 LCE_HOST_DEVICE inline SliceRow MakeSliceRow(const SliceArgs& args,
@@ -125,7 +135,12 @@ LCE_HOST_DEVICE inline SliceRow MakeSliceRow(const SliceArgs& args,
   const float weight_total = static_cast<float>(args.stats->weight_total);
   out.c = ce_scale * (1.0f - s) * w_t;
   out.e = ce_scale * s * inv_v;
-  out.a = out.c + out.e * weight_total + z_scale * 2.0f * args.z_loss * out.lse;
+  out.b = out.e * weight_total + z_scale * 2.0f * args.z_loss * out.lse;
+  out.a = out.c + out.b;
+  if (args.target_logprob != nullptr) {
+    out.has_target_logprob = true;
+    out.target_logprob = args.target_logprob[row];
+  }
   return out;
 }
 
@@ -146,8 +161,16 @@ LCE_HOST_DEVICE inline float SliceGradient(const SliceArgs& args,
   }
   const float w =
       args.class_weights != nullptr ? args.class_weights[col] : 1.0f;
-  float dz = row.a * expf(z - row.lse) - row.e * w;
-  if (col == row.target) dz -= row.c;
+  float dz;
+  if (col != row.target) {
+    dz = row.a * expf(z - row.lse) - row.e * w;
+  } else {
+    // d = log p_t. Near p_t = 1, c * (p_t - 1) is c * expm1(d), exact where
+    // a * p_t - c would cancel; below d = -1 there is nothing to cancel.
+    const float d = row.has_target_logprob ? row.target_logprob : z - row.lse;
+    dz = d > -1.0f ? row.c * expm1f(d) + row.b * expf(d) - row.e * w
+                   : row.a * expf(d) - row.e * w - row.c;
+  }
   return dz * cap_derivative;
 }
 

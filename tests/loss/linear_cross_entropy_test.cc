@@ -1146,6 +1146,56 @@ TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
       h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
 }
 
+// Rows whose target is near certain (1 - p_t about 2e-8, far below an f32
+// ulp of the lse): the target's gradient p_t - 1 must survive in d_weight and
+// d_bias, whose norms it dominates here, on both schedules. The two-pass
+// schedule's slices cannot recover p_t - 1 from the f32 lse of the row; they
+// take the target's log-probability that the first pass computes from the row
+// max and log-sum.
+TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
+  for (LinearCrossEntropySchedule schedule :
+       {LinearCrossEntropySchedule::kTokenChunks,
+        LinearCrossEntropySchedule::kTwoPass}) {
+    for (bool weighted_sum : {false, true}) {
+      Scenario s;
+      s.n = 8;
+      s.h = 16;
+      s.v = 300;
+      s.bias = BiasKind::kF32;
+      s.schedule = schedule;
+      s.smallest_budget = true;
+      if (weighted_sum) {
+        s.reduction = Reduction::kSum;
+        s.class_weights = true;
+      }
+      SCOPED_TRACE(absl::StrCat(
+          schedule == LinearCrossEntropySchedule::kTwoPass ? "two-pass"
+                                                           : "token chunks",
+          weighted_sum ? ", class weights, sum" : ", mean"));
+      Data data = MakeData(s, DType::kF32, test::TestSeed());
+      constexpr int64_t kCertain = 7;
+      for (int64_t& target : data.targets) target = kCertain;
+      data.bias[kCertain] = 24.0;
+      Harness h(s, DType::kF32);
+      ASSERT_OK(h.Init(device(), data));
+      h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+      ASSERT_OK(h.PoisonOutputs());
+      ASSERT_OK(LinearCrossEntropyForwardBackward(h.context(), h.inputs,
+                                                  h.options, h.loss.view,
+                                                  &h.lse.view, h.gradients));
+      ASSERT_OK(h.DownloadOutputs());
+      const Expected e = Reference(s, data, {});
+      // The case is what it claims: the target's gradient is tiny.
+      ASSERT_LT(std::fabs(e.d_bias[kCertain]), 1e-6);
+      ASSERT_GT(std::fabs(e.d_bias[kCertain]), 1e-10);
+      ExpectLossAndLse(h, s, e, /*with_lse=*/true, "near-certain targets");
+      ExpectGradients(h, DType::kF32, e, "near-certain targets");
+      EXPECT_NEAR(h.d_bias.Get(kCertain), e.d_bias[kCertain],
+                  1e-5 * std::fabs(e.d_bias[kCertain]));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, LinearCrossEntropyTest, testing::Bool(),
                          BackendName);
 
