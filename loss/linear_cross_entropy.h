@@ -52,7 +52,11 @@
 // gradients for bf16 and a few 1e-4 for f16, while they agree with the
 // products of the rounded dlogits to fp32 accumulation error (pinned by
 // tests/loss/linear_cross_entropy_test.cc). With f32 operands (TF32 off) the
-// dlogits stay fp32 and the gradients are fp32-accurate.
+// dlogits stay fp32 and the gradients are fp32-accurate. A target's dlogit
+// keeps p_t - 1 even when it is below an f32 ulp of the lse (near-certain
+// targets): the fused call computes it from the row max and log-sum on both
+// schedules (the two-pass slices read the target's log-probability from the
+// first pass); the split backward, which has only the saved f32 lse, cannot.
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
 // per-token scratch and the share of the cuBLASLt workspace it uses) fits in

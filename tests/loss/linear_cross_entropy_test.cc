@@ -1163,7 +1163,6 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
       s.v = 300;
       s.bias = BiasKind::kF32;
       s.schedule = schedule;
-      s.smallest_budget = true;
       if (weighted_sum) {
         s.reduction = Reduction::kSum;
         s.class_weights = true;
