@@ -1,4 +1,4 @@
-// CUDA launchers of the cross-entropy kernels (loss/cross_entropy_launch.cu,
+// CUDA launchers of the cross-entropy kernels (loss/cross_entropy_launch.cc,
 // _scan.cu and the kernel families they call). Internal to //loss; used by the
 // cross-entropy op and, chunk by chunk, by the linear cross-entropy.
 #ifndef LOSSRT_LOSS_CROSS_ENTROPY_CUDA_H_

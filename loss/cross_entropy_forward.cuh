@@ -299,14 +299,21 @@ inline int AutoWarpsPerRow(bool fp32_walk, bool sixteen_bit, bool options,
 template <typename T, bool kVec, bool kOpt>
 cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
                                 int num_sms, cudaStream_t stream) {
-  const bool fast_sum = tuning.fast_sum == 0
-                            ? sizeof(T) == 2 || args.vocab >= kFastSumF32Vocab
-                            : tuning.fast_sum == 2;
+  // 16-bit rows always take the fast sum, so they have no exact-sum kernel;
+  // fp32 rows take it from kFastSumF32Vocab (LaunchTuning::fast_sum overrides
+  // that for fp32 only).
+  constexpr bool kHasExactSum = sizeof(T) == 4;
+  if (!kHasExactSum && tuning.fast_sum == 1) return cudaErrorInvalidValue;
+  const bool fast_sum = tuning.fast_sum == 0 ? args.vocab >= kFastSumF32Vocab
+                                             : tuning.fast_sum == 2;
   // The extras' kernel always takes the fast sum (one instantiation a type
   // pair; a dominated row's exact pass keeps the sum exact).
-  auto kernel = HasExtras(args) ? WarpRowKernel<T, kVec, kOpt, true, true>
-                : fast_sum      ? WarpRowKernel<T, kVec, kOpt, true>
-                                : WarpRowKernel<T, kVec, kOpt, false>;
+  auto kernel = WarpRowKernel<T, kVec, kOpt, true>;
+  if (HasExtras(args)) {
+    kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
+  } else if constexpr (kHasExactSum) {
+    if (!fast_sum) kernel = WarpRowKernel<T, kVec, kOpt, false>;
+  }
   int per_sm = 0;
   cudaError_t error =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);

@@ -653,8 +653,11 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
   // registers for two rows. On the H200 it pays for fp32 rows that one CTA
   // holds, and loses where it would double the cluster or for 16-bit logits
   // (bench/RESULTS.md). KernelChoice::kCluster keeps the other kernel. The
-  // extras keep to the other kernel (fewer instantiations).
-  constexpr bool kCanPrefetch = kVec && kGrad && sizeof(T) == 4 && !kExtras;
+  // extras keep to the other kernel (fewer instantiations), and so do fp32
+  // rows with 16-bit gradients: the linear cross-entropy's chunks, whose
+  // vocabularies are rarely as short as one CTA's half registers.
+  constexpr bool kCanPrefetch =
+      kVec && kGrad && sizeof(T) == 4 && sizeof(G) == 4 && !kExtras;
   constexpr int kPrefetchR = R / 2;
   const RowLaunch prefetch_launch =
       ChooseRowLaunch(vecs, kPrefetchR, DeviceMajor() >= 9);

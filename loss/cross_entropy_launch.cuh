@@ -124,14 +124,24 @@ inline bool HasOptions(const RowArgs& args, bool grad) {
 // std::integral_constant) for args' element types; kVec where the rows are
 // 16-byte aligned, kOpt where an option is on. Rows that are not aligned take
 // one general kernel a type pair (kVec false, kOpt true): they are rare, and
-// its option code costs nothing with the options off.
+// its option code costs nothing with the options off. fp32 logits with 16-bit
+// gradients have no unaligned kernels (cudaErrorInvalidValue): only the
+// linear cross-entropy's chunks take that pair, and their rows are always
+// aligned (a chunk's leading dimension is a multiple of 8 floats), so the
+// kernels would be compiled for nothing.
 template <bool kGrad, typename Launch>
 cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
   return DispatchTypes<kGrad>(args, [&](auto logits_tag, auto grad_tag) {
     using T = typename decltype(logits_tag)::Type;
     using G = typename decltype(grad_tag)::Type;
-    if (!RowsVectorizable(args, sizeof(T), sizeof(G), kGrad))
-      return launch(logits_tag, grad_tag, std::false_type{}, std::true_type{});
+    if (!RowsVectorizable(args, sizeof(T), sizeof(G), kGrad)) {
+      if constexpr (sizeof(T) != sizeof(G)) {
+        return cudaErrorInvalidValue;
+      } else {
+        return launch(logits_tag, grad_tag, std::false_type{},
+                      std::true_type{});
+      }
+    }
     return HasOptions(args, kGrad)
                ? launch(logits_tag, grad_tag, std::true_type{},
                         std::true_type{})

@@ -24,8 +24,9 @@ struct LaunchTuning {
   KernelChoice kernel = KernelChoice::kAuto;
   int blocks_per_sm = 0;  // cap on resident blocks a SM (forward)
   int warps_per_row = 0;  // warps sharing a row: 1, 2, 4 or 8 (forward)
-  int fast_sum = 0;       // the forward's fast exponential sum: 1 off, 2 on
-  int l2_prefetch = 0;    // fused: L2 prefetch of the next row, -1 off, 1 on
+  int fast_sum =
+      0;  // the forward's fast exponential sum: 1 off (fp32 only), 2 on
+  int l2_prefetch = 0;  // fused: L2 prefetch of the next row, -1 off, 1 on
   // 1: a grid of one row a CTA (or cluster, or warp group), not a persistent
   // grid of what fits on the device at once; -1: the persistent grid where
   // one row (or chunk) a CTA is the default (backward).

@@ -33,7 +33,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly STAGE=${GPU_STAGE_DIR:-gpu_stage}  # relative to the repository root
 readonly BAZEL=${BAZEL:-./bazelw}
-readonly BUILD_FLAGS=(-c opt "$@")
+# -lineinfo: compute-sanitizer and ncu run on the staged binaries and report source lines.
+readonly BUILD_FLAGS=(-c opt --//tools:cuda_lineinfo=true "$@")
 # Libraries a staged binary may load: the C library family, the loader, cuBLAS, NCCL and cuDNN.
 # libnccl (only binaries that use //runtime:nccl_communicator, e.g. runtime_nccl_communicator_test):
 # the GPU machine's PyTorch ships libnccl.so.2, and the test needs LD_LIBRARY_PATH pointing at

@@ -1,7 +1,10 @@
 // The cross-entropy kernels' entry points (loss/cross_entropy_cuda.h and, for
 // the benchmark's sweep, loss/cross_entropy_tuning.h): argument checks, then
 // the kernel family: the warp-per-row forward, the fused register/cluster
-// kernel or the backward, each split by element types over files.
+// kernel or the backward, each split by element types over files. Host code
+// only (the families' .cu files hold the kernels), so the C++ compiler builds
+// it; only with the CUDA toolkit (LOSSRT_WITH_CUDA).
+#ifdef LOSSRT_WITH_CUDA
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -69,3 +72,5 @@ cudaError_t LaunchBackward(const RowArgs& args, int num_sms,
 
 }  // namespace ce
 }  // namespace lossrt
+
+#endif  // LOSSRT_WITH_CUDA
