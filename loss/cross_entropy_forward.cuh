@@ -306,13 +306,17 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
   if (!kHasExactSum && tuning.fast_sum == 1) return cudaErrorInvalidValue;
   const bool fast_sum = tuning.fast_sum == 0 ? args.vocab >= kFastSumF32Vocab
                                              : tuning.fast_sum == 2;
-  // The extras' kernel always takes the fast sum (one instantiation a type
-  // pair; a dominated row's exact pass keeps the sum exact).
-  auto kernel = WarpRowKernel<T, kVec, kOpt, true>;
-  if (HasExtras(args)) {
-    kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
-  } else if constexpr (kHasExactSum) {
-    if (!fast_sum) kernel = WarpRowKernel<T, kVec, kOpt, false>;
+  // The extras' kernels always take the fast sum (a dominated row's exact
+  // pass keeps the sum exact). They are option kernels (DispatchRowKernels
+  // sends the extras there), and unaligned rows have only theirs: one kernel
+  // a type, whose extras cost nothing where none is asked for.
+  auto kernel = WarpRowKernel<T, kVec, kOpt, true, !kVec>;
+  if constexpr (kVec && kOpt) {
+    if (HasExtras(args)) kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
+  }
+  if constexpr (kVec && kHasExactSum) {
+    if (!fast_sum && !(kOpt && HasExtras(args)))
+      kernel = WarpRowKernel<T, kVec, kOpt, false>;
   }
   int per_sm = 0;
   cudaError_t error =

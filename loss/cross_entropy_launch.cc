@@ -5,12 +5,13 @@
 // only (the families' .cu files hold the kernels), so the C++ compiler builds
 // it; only with the CUDA toolkit (LOSSRT_WITH_CUDA).
 #ifdef LOSSRT_WITH_CUDA
+#include "loss/cross_entropy_launch.cuh"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "loss/cross_entropy_cuda.h"
-#include "loss/cross_entropy_launch.cuh"
 #include "loss/cross_entropy_tuning.h"
 
 namespace lossrt {

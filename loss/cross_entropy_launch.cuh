@@ -142,7 +142,9 @@ cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
                       std::true_type{});
       }
     }
-    return HasOptions(args, kGrad)
+    // The extras (HasExtras) take the option kernels too: the plain kernels
+    // stay one a mode, without extras variants.
+    return HasOptions(args, kGrad) || HasExtras(args)
                ? launch(logits_tag, grad_tag, std::true_type{},
                         std::true_type{})
                : launch(logits_tag, grad_tag, std::true_type{},
