@@ -101,11 +101,14 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // kernels take three. The vectorized 16-bit option kernels (soft
 // cap, label smoothing) take three: at four (64 registers) ptxas spilled ~200
 // bytes a thread, at three (80) ~36, and they issue more than they read, so
-// the fourth block's loads in flight matter less. (The scalar kernel of
-// unaligned rows, kOpt whatever the options, does not spill at four.)
+// the fourth block's loads in flight matter less. The scalar kernel of
+// unaligned 16-bit rows (one a type: kOpt and kExtras, whatever is asked)
+// takes four, where it does not spill.
 template <typename T, bool kVec, bool kOpt, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  return sizeof(T) == 2 ? (kExtras ? (kOpt ? 2 : 3) : kVec && kOpt ? 3 : 4) : 3;
+  if (sizeof(T) == 4) return 3;
+  if (!kVec) return 4;
+  return kExtras ? (kOpt ? 2 : 3) : kOpt ? 3 : 4;
 }
 
 // A lane's argmax once the row's max is known: the first index of it in the
