@@ -15,6 +15,7 @@
 #                                     built once into GPU_CORPUS_CACHE (default
 #                                     ~/.cache/lossrt/gpu_corpus) and copied from there
 #   gpu_stage/run_gpu_tests.sh        runs every test next to it: gpu_stage/run_gpu_tests.sh
+#   gpu_stage/bench_ab.sh             same-run A/B of two staged builds' loss benchmarks
 #   gpu_stage/MANIFEST                label, file, libraries and glibc version of each binary
 #
 # Each binary is checked with ldd: only libc, libm, libdl, libpthread, librt, libcublas*,
@@ -137,8 +138,8 @@ main() {
   mkdir -p "${STAGE}"
   cp tools/run_gpu_tests.sh "${STAGE}/run_gpu_tests.sh"
   chmod 755 "${STAGE}/run_gpu_tests.sh"
-  cp tools/run_sanitizer_plan.sh tools/sanitizer_plan.txt "${STAGE}/"
-  chmod 755 "${STAGE}/run_sanitizer_plan.sh"
+  cp tools/run_sanitizer_plan.sh tools/sanitizer_plan.txt tools/bench_ab.sh "${STAGE}/"
+  chmod 755 "${STAGE}/run_sanitizer_plan.sh" "${STAGE}/bench_ab.sh"
   local corpus_rc=0
   stage_corpus || corpus_rc=1
   stage_gpu_corpus || corpus_rc=1
