@@ -94,11 +94,10 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy.
 // Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
-// logits, whose raw tiles take half the registers. The 16-bit extras' kernel
-// (an FFMA a logit for the entropy, its argmax found once a row) takes three,
-// where ptxas spills a few bytes outside the tile loop (at four, inside it);
-// its option variant takes two, where it does not spill; the fp32 extras'
-// kernels take three. The vectorized 16-bit option kernels (soft
+// logits, whose raw tiles take half the registers. The vectorized 16-bit
+// extras' kernel (an option kernel: an FFMA a logit for the entropy, its
+// argmax found once a row) takes two, where it does not spill; the fp32
+// extras' kernels take three. The vectorized 16-bit option kernels (soft
 // cap, label smoothing) take three: at four (64 registers) ptxas spilled ~200
 // bytes a thread, at three (80) ~36, and they issue more than they read, so
 // the fourth block's loads in flight matter less. The scalar kernel of
@@ -108,7 +107,7 @@ template <typename T, bool kVec, bool kOpt, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
   if (sizeof(T) == 4) return 3;
   if (!kVec) return 4;
-  return kExtras ? (kOpt ? 2 : 3) : kOpt ? 3 : 4;
+  return kExtras ? 2 : kOpt ? 3 : 4;
 }
 
 // A lane's argmax once the row's max is known: the first index of it in the

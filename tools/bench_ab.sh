@@ -3,7 +3,8 @@
 # binaries (e.g. gpu_stage/bench of an old commit and of the new one, each folder holding
 # cross_entropy and linear_cross_entropy) run alternately on the idle GPU, A then B, then
 # B then A, so that a drift of the machine shows as a difference between the rounds. Writes
-# every table to the output file, each run headed by "=== <label> <flags> (<time>)".
+# every table to the output file, each run headed by "=== <dir> <binary> <flags> (<time>)"
+# (and followed by "=== rc N" where it failed).
 #
 #   tools/bench_ab.sh A_DIR B_DIR OUT_FILE            # the default rounds below
 #   AB_ROUNDS=1 tools/bench_ab.sh A_DIR B_DIR OUT     # one round (A then B) of each
