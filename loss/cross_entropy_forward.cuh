@@ -94,20 +94,18 @@ __device__ __forceinline__ RowStats GroupCombine(const RowStats& warp_total,
 // shuffle with no block barrier, so a persistent grid of many warps per SM
 // keeps HBM busy.
 // Blocks per SM: three for fp32 (a fourth makes it spill), four for 16-bit
-// logits, whose raw tiles take half the registers. The vectorized 16-bit
-// extras' kernel (an option kernel: an FFMA a logit for the entropy, its
-// argmax found once a row) takes two, where it does not spill; the fp32
-// extras' kernels take three. The vectorized 16-bit option kernels (soft
+// logits, whose raw tiles take half the registers. The 16-bit extras' kernel
+// (an FFMA a logit for the entropy, its argmax found once a row) takes three,
+// where ptxas spills a few bytes outside the tile loop (at four, inside it);
+// its option variant takes two, where it does not spill; the fp32 extras'
+// kernels take three. The vectorized 16-bit option kernels (soft
 // cap, label smoothing) take three: at four (64 registers) ptxas spilled ~200
 // bytes a thread, at three (80) ~36, and they issue more than they read, so
-// the fourth block's loads in flight matter less. The scalar kernel of
-// unaligned 16-bit rows (one a type: kOpt and kExtras, whatever is asked)
-// takes four, where it does not spill.
+// the fourth block's loads in flight matter less. (The scalar kernel of
+// unaligned rows, kOpt whatever the options, does not spill at four.)
 template <typename T, bool kVec, bool kOpt, bool kExtras = false>
 constexpr int WarpRowBlocksPerSm() {
-  if (sizeof(T) == 4) return 3;
-  if (!kVec) return 4;
-  return kExtras ? 2 : kOpt ? 3 : 4;
+  return sizeof(T) == 2 ? (kExtras ? (kOpt ? 2 : 3) : kVec && kOpt ? 3 : 4) : 3;
 }
 
 // A lane's argmax once the row's max is known: the first index of it in the
@@ -308,17 +306,13 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
   if (!kHasExactSum && tuning.fast_sum == 1) return cudaErrorInvalidValue;
   const bool fast_sum = tuning.fast_sum == 0 ? args.vocab >= kFastSumF32Vocab
                                              : tuning.fast_sum == 2;
-  // The extras' kernels always take the fast sum (a dominated row's exact
-  // pass keeps the sum exact). They are option kernels (DispatchRowKernels
-  // sends the extras there), and unaligned rows have only theirs: one kernel
-  // a type, whose extras cost nothing where none is asked for.
-  auto kernel = WarpRowKernel<T, kVec, kOpt, true, !kVec>;
-  if constexpr (kVec && kOpt) {
-    if (HasExtras(args)) kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
-  }
-  if constexpr (kVec && kHasExactSum) {
-    if (!fast_sum && !(kOpt && HasExtras(args)))
-      kernel = WarpRowKernel<T, kVec, kOpt, false>;
+  // The extras' kernel always takes the fast sum (one instantiation a type
+  // pair; a dominated row's exact pass keeps the sum exact).
+  auto kernel = WarpRowKernel<T, kVec, kOpt, true>;
+  if (HasExtras(args)) {
+    kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
+  } else if constexpr (kHasExactSum) {
+    if (!fast_sum) kernel = WarpRowKernel<T, kVec, kOpt, false>;
   }
   int per_sm = 0;
   cudaError_t error =

@@ -734,25 +734,14 @@ cudaError_t LaunchFusedRowKernelOf(const RowArgs& args,
       args, tuning, num_sms, stream);
 }
 
-// The extras' kernels are option kernels (DispatchRowKernels sends the
-// extras there), and unaligned rows have only theirs: one kernel a pair and
-// mode, whose extras cost nothing where none is asked for.
 template <typename T, typename G, bool kVec, bool kOpt>
 cudaError_t LaunchFusedRowKernel(const RowArgs& args,
                                  const LaunchTuning& tuning, int num_sms,
                                  cudaStream_t stream) {
-  if constexpr (!kVec) {
-    return LaunchFusedRowKernelOf<T, G, kVec, kOpt, true>(args, tuning, num_sms,
-                                                          stream);
-  } else if constexpr (kOpt) {
-    return HasExtras(args) ? LaunchFusedRowKernelOf<T, G, kVec, kOpt, true>(
-                                 args, tuning, num_sms, stream)
-                           : LaunchFusedRowKernelOf<T, G, kVec, kOpt, false>(
-                                 args, tuning, num_sms, stream);
-  } else {
-    return LaunchFusedRowKernelOf<T, G, kVec, kOpt, false>(args, tuning,
-                                                           num_sms, stream);
-  }
+  return HasExtras(args) ? LaunchFusedRowKernelOf<T, G, kVec, kOpt, true>(
+                               args, tuning, num_sms, stream)
+                         : LaunchFusedRowKernelOf<T, G, kVec, kOpt, false>(
+                               args, tuning, num_sms, stream);
 }
 
 // LaunchFusedRowKernel where the rows' (logits, gradient) types are one of

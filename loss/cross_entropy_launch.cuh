@@ -142,9 +142,7 @@ cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
                       std::true_type{});
       }
     }
-    // The extras (HasExtras) take the option kernels too: the plain kernels
-    // stay one a mode, without extras variants.
-    return HasOptions(args, kGrad) || HasExtras(args)
+    return HasOptions(args, kGrad)
                ? launch(logits_tag, grad_tag, std::true_type{},
                         std::true_type{})
                : launch(logits_tag, grad_tag, std::true_type{},
