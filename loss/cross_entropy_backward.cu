@@ -20,6 +20,7 @@ template <typename T, typename G, bool kVec, bool kOpt, int R>
 __global__ void __launch_bounds__(256)
     BackwardKernel(RowArgs args, int chunks_per_row) {
   using TileT = Tile<T, R, kVec>;
+  constexpr bool kLead = LeadRows<kVec, kOpt>();
   const int vocab = static_cast<int>(args.vocab);
   const int chunk_pieces = R * static_cast<int>(blockDim.x);
   const int64_t items = args.rows * chunks_per_row;
@@ -36,23 +37,29 @@ __global__ void __launch_bounds__(256)
     const int64_t row = item / chunks_per_row;
     const int first =
         static_cast<int>(item % chunks_per_row) * chunk_pieces + threadIdx.x;
+    RowView view = base_view;
+    view.first = first;
+    const T* logits_row = ViewRow<kLead>(
+        static_cast<const T*>(args.logits) + row * args.logits_stride, vocab,
+        view);
     // The logits are older than the target scan, so they load before it ends.
     TileT tile;
-    tile.Load(static_cast<const T*>(args.logits) + row * args.logits_stride,
-              vocab, first, blockDim.x);
+    tile.Load(logits_row, view.vocab, first, blockDim.x, view.lead);
     if (!scanned) {
       WaitForPrerequisiteGrids();  // the target scan's results
       weight_total = WeightTotal(args);
       mean = LoadMeanScales(args);
       scanned = true;
     }
-    const RowCoefficients c = MakeCoefficients(args, row, true, mean);
+    RowCoefficients c = MakeCoefficients(args, row, true, mean);
     const GradCoefficients gc =
         SavedGradCoefficients(args, row, c, weight_total);
-    RowView view = base_view;
-    view.first = first;
+    ViewTarget(c, view.lead);
+    // The gradient's row viewed as the logits' (the launch checked that its
+    // lead is theirs).
     TileGrad<G, TileT, R, kOpt>(
-        tile, view, static_cast<G*>(args.grad) + row * args.grad_stride, gc, c);
+        tile, view,
+        static_cast<G*>(args.grad) + row * args.grad_stride - view.lead, gc, c);
   }
 }
 
@@ -63,7 +70,8 @@ template <typename T, typename G, bool kVec, bool kOpt, int R>
 cudaError_t LaunchChunkBackward(const RowArgs& args, const LaunchTuning& tuning,
                                 int num_sms, cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
-  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
+  const int64_t vecs =
+      ViewPieces(args.vocab, args.logits_stride, kW, LeadRows<kVec, kOpt>());
   int64_t threads = RoundUp(CeilDiv(vecs, int64_t{R}), int64_t{32});
   if (threads > 256) threads = 256;
   const int64_t chunks = CeilDiv(vecs, R * threads);

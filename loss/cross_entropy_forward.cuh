@@ -38,7 +38,7 @@ __device__ __forceinline__ RowStats ExactWarpRowStats(const T* logits_row,
   for (int first = first0; first < vecs; first += step) {
     TileT tile;
     view.first = first;
-    tile.Load(logits_row, view.vocab, first, 32);
+    tile.Load(logits_row, view.vocab, first, 32, view.lead);
     stats = Combine(stats,
                     TileStats<TileT, R, kOpt>(tile, view, target, smoothing));
   }
@@ -141,11 +141,14 @@ __device__ __forceinline__ RowStats WarpRowExtras(
 }
 
 // kExtras: the extras' statistics too (HasExtras), from the first pass (the
-// exact pass of a dominated row redoes only the sum).
-template <typename T, bool kVec, bool kOpt, bool kFastSum, bool kExtras = false>
+// exact pass of a dominated row redoes only the sum). kLead: rows may start
+// inside a piece (RowView::lead; only where LeadRows allows it).
+template <typename T, bool kVec, bool kOpt, bool kFastSum, bool kExtras = false,
+          bool kLead = LeadRows<kVec, kOpt>()>
 __global__ void __launch_bounds__(256,
                                   WarpRowBlocksPerSm<T, kVec, kOpt, kExtras>())
     WarpRowKernel(RowArgs args, int warps_per_row) {
+  static_assert(!kLead || LeadRows<kVec, kOpt>());
   constexpr int R = PiecesPerThread<T, kVec>();
   using TileT = Tile<T, R, kVec>;
   constexpr int kW = TileT::kW;
@@ -153,7 +156,10 @@ __global__ void __launch_bounds__(256,
   const WarpGroup group = MakeWarpGroup(warps_per_row);
   int parity = 0;
   const int vocab = static_cast<int>(args.vocab);
-  const int vecs = (vocab + kW - 1) / kW;
+  // The pieces of every row's view (RowView), as the launch counts them.
+  const int vecs =
+      kLead ? static_cast<int>(ViewPieces(vocab, args.logits_stride, kW, true))
+            : (vocab + kW - 1) / kW;
   const int lane = threadIdx.x & 31;
   // Groups (rows in flight) of the grid, and this warp's; 256-thread blocks.
   const int64_t first_row =
@@ -174,6 +180,10 @@ __global__ void __launch_bounds__(256,
   auto logits_of = [&](int64_t row) {
     return static_cast<const T*>(args.logits) + row * args.logits_stride;
   };
+  // A row's view and its aligned start (ViewRow).
+  auto view_row = [&](int64_t row, RowView& row_view) {
+    return ViewRow<kLead>(logits_of(row), vocab, row_view);
+  };
   if constexpr (kVec && sizeof(T) == 4) {
     // The fp32 forward walks a warp's tiles of its rows as one sequence of
     // tiles of half the pieces, and loads the next tile (of this row or of the
@@ -188,9 +198,15 @@ __global__ void __launch_bounds__(256,
     int t = group.rank;  // the current tile of the row, the same in every lane
     HalfTile current;
     RowCoefficients c{};
+    // The current row's lead (RowView), whose view starts at
+    // logits_of(row) - lead.
+    int lead = 0;
     if (row < args.rows) {
-      current.Load(logits_of(row), vocab, lane + t * kTileVecs, 32);
+      lead = LeadOf<kLead>(logits_of(row));
+      current.Load(logits_of(row) - lead, vocab + lead, lane + t * kTileVecs,
+                   32, lead);
       c = MakeCoefficients(args, row, false, MeanScales{});
+      ViewTarget(c, lead);
     }
     RowStats stats = IdentityStats();
     ExtraStats extra = IdentityExtras();
@@ -202,8 +218,14 @@ __global__ void __launch_bounds__(256,
         next_t = group.rank;
       }
       HalfTile next;
-      if (next_row < args.rows)
-        next.Load(logits_of(next_row), vocab, lane + next_t * kTileVecs, 32);
+      int next_lead = lead;
+      if (next_row < args.rows) {
+        if (next_row != row) next_lead = LeadOf<kLead>(logits_of(next_row));
+        next.Load(logits_of(next_row) - next_lead, vocab + next_lead,
+                  lane + next_t * kTileVecs, 32, next_lead);
+      }
+      view.vocab = vocab + lead;
+      view.lead = lead;
       view.first = lane + t * kTileVecs;
       ExtraStats tile_extra;
       const RowStats tile_stats =
@@ -217,24 +239,27 @@ __global__ void __launch_bounds__(256,
         if (kFastSum && RowNeedsExactPass(total)) {
           total = GroupCombine(
               ExactWarpRowStats<HalfTile, kHalf, kOpt>(
-                  logits_of(row), view, c.target, smoothing,
+                  logits_of(row) - lead, view, c.target, smoothing,
                   lane + group.rank * kTileVecs, group.size * kTileVecs),
               group, slots, parity);
         }
         if constexpr (kExtras) {
           extra.argmax = LaneArgmax<HalfTile, kHalf, kOpt>(
-              logits_of(row), view, stats, extra, lane + group.rank * kTileVecs,
-              total.max);
+              logits_of(row) - lead, view, stats, extra,
+              lane + group.rank * kTileVecs, total.max);
         }
         const RowStats extras = WarpRowExtras<kExtras>(stats, extra, total.max,
                                                        group, slots, parity);
         FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
         stats = IdentityStats();
         extra = IdentityExtras();
-        if (next_row < args.rows)
+        if (next_row < args.rows) {
           c = MakeCoefficients(args, next_row, false, MeanScales{});
+          ViewTarget(c, next_lead);
+        }
       }
       current = next;
+      lead = next_lead;
       row = next_row;
       t = next_t;
     }
@@ -242,14 +267,15 @@ __global__ void __launch_bounds__(256,
     const int first0 = lane + group.rank * 32 * R;
     const int step = group.size * 32 * R;
     for (int64_t row = first_row; row < args.rows; row += groups) {
-      const T* logits_row = logits_of(row);
+      const T* logits_row = view_row(row, view);
       RowCoefficients c = MakeCoefficients(args, row, false, MeanScales{});
+      ViewTarget(c, view.lead);
       RowStats stats = IdentityStats();
       ExtraStats extra = IdentityExtras();
       for (int first = first0; first < vecs; first += step) {
         TileT tile;
         view.first = first;
-        tile.Load(logits_row, vocab, first, 32);
+        tile.Load(logits_row, view.vocab, first, 32, view.lead);
         ExtraStats tile_extra;
         const RowStats tile_stats =
             TileStats<TileT, R, kOpt, kFastSum, kExtras>(
@@ -306,13 +332,27 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
   if (!kHasExactSum && tuning.fast_sum == 1) return cudaErrorInvalidValue;
   const bool fast_sum = tuning.fast_sum == 0 ? args.vocab >= kFastSumF32Vocab
                                              : tuning.fast_sum == 2;
+  constexpr bool kWalk = kVec && sizeof(T) == 4;  // half tiles
+  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
   // The extras' kernel always takes the fast sum (one instantiation a type
   // pair; a dominated row's exact pass keeps the sum exact).
-  auto kernel = WarpRowKernel<T, kVec, kOpt, true>;
-  if (HasExtras(args)) {
-    kernel = WarpRowKernel<T, kVec, kOpt, true, true>;
-  } else if constexpr (kHasExactSum) {
-    if (!fast_sum) kernel = WarpRowKernel<T, kVec, kOpt, false>;
+  auto kernel_of = [&](auto lead) {
+    constexpr bool kLead = decltype(lead)::value;
+    auto kernel = WarpRowKernel<T, kVec, kOpt, true, false, kLead>;
+    if (HasExtras(args)) {
+      kernel = WarpRowKernel<T, kVec, kOpt, true, true, kLead>;
+    } else if constexpr (kHasExactSum) {
+      if (!fast_sum) kernel = WarpRowKernel<T, kVec, kOpt, false, false, kLead>;
+    }
+    return kernel;
+  };
+  auto kernel = kernel_of(std::bool_constant<LeadRows<kVec, kOpt>()>{});
+  if constexpr (kWalk && LeadRows<kVec, kOpt>()) {
+    // Aligned fp32 rows take the walk without leads: its per-row work for
+    // them costs a few percent on short rows (bench/RESULTS.md). The 16-bit
+    // kernels keep one kernel for both (not yet split: it costs their short
+    // aligned rows too).
+    if (args.logits_stride % kW == 0) kernel = kernel_of(std::false_type{});
   }
   int per_sm = 0;
   cudaError_t error =
@@ -322,10 +362,9 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
     per_sm = tuning.blocks_per_sm;
   // Warps a row (WarpGroup), at most one a tile of the row.
   constexpr int kR = PiecesPerThread<T, kVec>();
-  constexpr bool kWalk = kVec && sizeof(T) == 4;  // half tiles
   constexpr int kTileVecs = 32 * (kWalk ? kR / 2 : kR);
-  constexpr int kW = kVec ? 16 / sizeof(T) : 1;
-  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
+  const int64_t vecs =
+      ViewPieces(args.vocab, args.logits_stride, kW, LeadRows<kVec, kOpt>());
   const int64_t tiles_per_row = CeilDiv(vecs, int64_t{kTileVecs});
   int warps_per_row =
       tuning.warps_per_row > 0

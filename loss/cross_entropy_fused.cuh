@@ -378,7 +378,9 @@ __device__ __forceinline__ void RowFromKeptExp(
   const RowStats extras = ReducedExtras<kExtras>(extra);
   const GradCoefficients gc =
       FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
-  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+  // The gradient's row viewed as the logits' (the launch checked that its
+  // lead is theirs).
+  G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride - view.lead;
   TileGradFromExp<G, KeptT, R, kOpt>(kept, view, part.ref, grad_row, gc, c,
                                      total.target_logit);
 }
@@ -400,7 +402,8 @@ __device__ __forceinline__ void RowFromExactPass(
   const GradCoefficients gc =
       FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
   if constexpr (kGrad) {
-    G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+    G* grad_row =
+        static_cast<G*>(args.grad) + row * args.grad_stride - view.lead;
     TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
   }
 }
@@ -471,7 +474,7 @@ __device__ __forceinline__ void RowFromRegisters(
 // statistics, then again for the gradient (the last one still in registers).
 // (RowKernel's kRowsTiled mode.)
 template <typename T, typename G, typename TileT, int R, bool kGrad, bool kOpt,
-          bool kExtras>
+          bool kExtras, bool kLead>
 __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
                                               RowShared& shared,
                                               int cluster_size, int tiles,
@@ -484,15 +487,17 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
   const bool writer = rank == 0 && threadIdx.x == 0;
   int parity = 0;
   for (int64_t row = cluster_id; row < args.rows; row += clusters) {
-    const T* logits_row =
-        static_cast<const T*>(args.logits) + row * args.logits_stride;
+    const T* logits_row = ViewRow<kLead>(
+        static_cast<const T*>(args.logits) + row * args.logits_stride,
+        static_cast<int>(args.vocab), view);
     RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+    ViewTarget(c, view.lead);
     TileT tile;
     RowStats stats = IdentityStats();
     ExtraStats extra = IdentityExtras();
     for (int t = 0; t < tiles; ++t) {
       view.first = t * tile_pieces + first0;
-      tile.Load(logits_row, view.vocab, view.first, view.stride);
+      tile.Load(logits_row, view.vocab, view.first, view.stride, view.lead);
       ExtraStats tile_extra;
       const RowStats tile_stats = TileStats<TileT, R, kOpt, false, kExtras>(
           tile, view, c.target, smoothing, &tile_extra);
@@ -504,13 +509,14 @@ __device__ __forceinline__ void MultiTileRows(const RowArgs& args, RowView view,
     const GradCoefficients gc =
         FinishRow<kExtras>(args, row, c, total, writer, scan, extras);
     if constexpr (kGrad) {
-      G* grad_row = static_cast<G*>(args.grad) + row * args.grad_stride;
+      G* grad_row =
+          static_cast<G*>(args.grad) + row * args.grad_stride - view.lead;
       // Tiles are revisited last-first so that the tile still in registers
       // goes first.
       for (int t = tiles - 1; t >= 0; --t) {
         view.first = t * tile_pieces + first0;
         if (t != tiles - 1)
-          tile.Load(logits_row, view.vocab, view.first, view.stride);
+          tile.Load(logits_row, view.vocab, view.first, view.stride, view.lead);
         TileGrad<G, TileT, R, kOpt>(tile, view, grad_row, gc, c);
       }
     }
@@ -540,6 +546,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     RowKernel(RowArgs args, int cluster_size, int tiles, bool prefetch_l2,
               bool mbarrier_exchange) {
   using TileT = Tile<T, R, kVec>;
+  constexpr bool kLead = LeadRows<kVec, kOpt>();
   __shared__ RowShared shared;
   InitRowExchange(shared, cluster_size, mbarrier_exchange);
   const int rank =
@@ -561,33 +568,50 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int first0 = rank * blockDim.x + threadIdx.x;
   int parity = 0;
   ScanState scan;
-  auto logits_of = [&](int64_t row) {
-    return static_cast<const T*>(args.logits) + row * args.logits_stride;
+  const int vocab = static_cast<int>(args.vocab);
+  // A row's view (ViewRow) and its aligned start.
+  auto view_row = [&](int64_t row, RowView& row_view) {
+    return ViewRow<kLead>(
+        static_cast<const T*>(args.logits) + row * args.logits_stride, vocab,
+        row_view);
   };
 
   // With prefetch_l2, threads r < R ask L2 for this CTA's piece r of a row
-  // ahead of the one in registers (its blockDim.x pieces are contiguous).
-  const int64_t row_bytes = args.vocab * int64_t{sizeof(T)};
+  // ahead of the one in registers (its blockDim.x pieces are contiguous):
+  // the whole pieces of the row's view.
   auto prefetch_row = [&](int64_t row) {
     if (kVec && prefetch_l2 && threadIdx.x < R && row < args.rows) {
+      RowView ahead = view;
+      const T* start = view_row(row, ahead);
       const int64_t first =
           rank * blockDim.x + threadIdx.x * static_cast<int64_t>(stride);
-      PrefetchL2(reinterpret_cast<const uint4*>(logits_of(row)) + first,
+      const int64_t row_bytes =
+          (kLead ? ahead.vocab : args.vocab) * int64_t{sizeof(T)};
+      PrefetchL2(reinterpret_cast<const uint4*>(start) + first,
                  WholePieceBytes(first, blockDim.x, row_bytes));
     }
   };
   if constexpr (kMode == kRowsPrefetch) {
     TileT current;
-    if (cluster_id < args.rows)
-      current.Load(logits_of(cluster_id), view.vocab, first0, stride);
+    RowView next_view = view;
+    if (cluster_id < args.rows) {
+      const T* start = view_row(cluster_id, next_view);
+      current.Load(start, next_view.vocab, first0, stride, next_view.lead);
+    }
     for (int64_t row = cluster_id; row < args.rows; row += clusters) {
+      // `current` holds this row, in next_view's view.
+      view.vocab = next_view.vocab;
+      view.lead = next_view.lead;
       // The cluster's next row is on its way before this one is reduced, and
       // L2 fetches the one after.
       TileT next;
-      if (row + clusters < args.rows)
-        next.Load(logits_of(row + clusters), view.vocab, first0, stride);
+      if (row + clusters < args.rows) {
+        const T* start = view_row(row + clusters, next_view);
+        next.Load(start, next_view.vocab, first0, stride, next_view.lead);
+      }
       prefetch_row(row + 2 * clusters);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      ViewTarget(c, view.lead);
       view.first = first0;
       RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap, kExtras>(
           args, row, current, view, c, smoothing, shared, cluster_size, parity,
@@ -595,15 +619,16 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       current = next;
     }
   } else if constexpr (kMode == kRowsTiled) {
-    MultiTileRows<T, G, TileT, R, kGrad, kOpt, kExtras>(
+    MultiTileRows<T, G, TileT, R, kGrad, kOpt, kExtras, kLead>(
         args, view, shared, cluster_size, tiles, rank, scan);
   } else {
     for (int64_t row = cluster_id; row < args.rows; row += clusters) {
-      const T* logits_row = logits_of(row);
+      const T* logits_row = view_row(row, view);
       RowCoefficients c = MakeCoefficients(args, row, kGrad, MeanScales{});
+      ViewTarget(c, view.lead);
       TileT tile;
       view.first = first0;
-      tile.Load(logits_row, view.vocab, view.first, stride);
+      tile.Load(logits_row, view.vocab, view.first, stride, view.lead);
       prefetch_row(row + clusters);
       RowFromRegisters<G, TileT, R, kGrad, kOpt, kSoftcap, kExtras>(
           args, row, tile, view, c, smoothing, shared, cluster_size, parity,
@@ -648,7 +673,8 @@ cudaError_t LaunchRowKernelOf(const RowArgs& args, const LaunchTuning& tuning,
                               int num_sms, cudaStream_t stream) {
   constexpr int kW = kVec ? 16 / sizeof(T) : 1;
   constexpr int R = PiecesPerThread<T, kVec>();
-  const int64_t vecs = CeilDiv(args.vocab, int64_t{kW});
+  const int64_t vecs =
+      ViewPieces(args.vocab, args.logits_stride, kW, LeadRows<kVec, kOpt>());
   // The prefetching variant holds two tiles of half as many pieces: the same
   // registers for two rows. On the H200 it pays for fp32 rows that one CTA
   // holds, and loses where it would double the cluster or for 16-bit logits

@@ -73,6 +73,21 @@ inline bool RowsVectorizable(const RowArgs& args, int element_bytes,
   return ok;
 }
 
+// Whether rows that are not all aligned can be viewed from the 16-byte piece
+// each starts in (RowView::lead): the first row is aligned (so that no view
+// starts before the tensor), and every gradient row starts as many elements
+// into its piece as its logits row (its stride differs by whole pieces).
+inline bool RowsViewable(const RowArgs& args, int element_bytes, int grad_bytes,
+                         bool with_grad) {
+  const int w = 16 / element_bytes;
+  bool ok = Aligned(args.logits, 16);
+  if (with_grad) {
+    ok = ok && Aligned(args.grad, w * grad_bytes) &&
+         (args.grad_stride - args.logits_stride) % w == 0;
+  }
+  return ok;
+}
+
 // An element type as a value, for generic lambdas.
 template <typename T>
 struct TypeTag {
@@ -122,10 +137,11 @@ inline bool HasOptions(const RowArgs& args, bool grad) {
 
 // Calls launch(TypeTag<T>, TypeTag<G>, kVec, kOpt) (the last two as
 // std::integral_constant) for args' element types; kVec where the rows are
-// 16-byte aligned, kOpt where an option is on. Rows that are not aligned take
-// one general kernel a type pair (kVec false, kOpt true): they are rare, and
-// its option code costs nothing with the options off. fp32 logits with 16-bit
-// gradients have no unaligned kernels (cudaErrorInvalidValue): only the
+// 16-byte aligned, kOpt where an option is on. Rows that are not aligned
+// but viewable (RowsViewable: a contiguous [tokens, 50257] tensor) take the
+// plain vectorized kernels where no option is on (LeadRows); the rest take
+// one general kernel a type pair (kVec false, kOpt true). fp32 logits with
+// 16-bit gradients have no scalar kernels (cudaErrorInvalidValue): only the
 // linear cross-entropy's chunks take that pair, and their rows are always
 // aligned (a chunk's leading dimension is a multiple of 8 floats), so the
 // kernels would be compiled for nothing.
@@ -135,6 +151,11 @@ cudaError_t DispatchRowKernels(const RowArgs& args, Launch&& launch) {
     using T = typename decltype(logits_tag)::Type;
     using G = typename decltype(grad_tag)::Type;
     if (!RowsVectorizable(args, sizeof(T), sizeof(G), kGrad)) {
+      if (!HasOptions(args, kGrad) &&
+          RowsViewable(args, sizeof(T), sizeof(G), kGrad)) {
+        return launch(logits_tag, grad_tag, std::true_type{},
+                      std::false_type{});
+      }
       if constexpr (sizeof(T) != sizeof(G)) {
         return cudaErrorInvalidValue;
       } else {

@@ -27,8 +27,27 @@ struct Tile<T, R, true> {
   using Element = T;
   uint4 raw[R];
 
+  // `row` is 16-byte aligned; its first `lead` elements (those of a row
+  // viewed from the piece it starts in, RowView::lead) load as -inf.
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
-                                       int stride) {
+                                       int stride, int lead = 0) {
+    LoadPieces(row, vocab, first, stride);
+    if (lead != 0 && first == 0) {
+      union {
+        uint4 raw;
+        T elements[kW];
+      } data;
+      data.raw = raw[0];
+      const T neg_inf = FromFloat<T>(NegInf());
+#pragma unroll
+      for (int k = 0; k < kW; ++k) {
+        if (k < lead) data.elements[k] = neg_inf;
+      }
+      raw[0] = data.raw;
+    }
+  }
+  __device__ __forceinline__ void LoadPieces(const T* row, int vocab, int first,
+                                             int stride) {
     const int full_vecs = vocab / kW;
     if (first + (R - 1) * stride < full_vecs) {
       // Every piece is whole (most threads of most tiles): no per-piece tests.
@@ -89,8 +108,9 @@ struct Tile<T, R, false> {
   using Element = T;
   float value[R];
 
+  // Scalar rows are never viewed from a piece (lead is 0).
   __device__ __forceinline__ void Load(const T* row, int vocab, int first,
-                                       int stride) {
+                                       int stride, int /*lead*/ = 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int e = first + r * stride;
@@ -116,7 +136,12 @@ __device__ __forceinline__ int TargetInRow(int64_t target, int vocab) {
              : -1;
 }
 
-// Everything a tile pass needs to know about its row.
+// Everything a tile pass needs to know about its row. A row that starts
+// inside a 16-byte piece (a contiguous [tokens, 50257] tensor: every row but
+// one in four of fp32, one in eight of 16-bit logits) is viewed from the start
+// of that piece: `lead` elements of the row before it (-inf on loading, never
+// stored) come first, and `vocab` counts them. Indices in a tile pass are of
+// the view; only the plain kernels (LeadRows) take such rows.
 struct RowView {
   int vocab;
   int first;
@@ -124,7 +149,54 @@ struct RowView {
   float softcap;
   float inv_cap;
   const float* weights;
+  int lead = 0;
 };
+
+// Whether a kernel takes rows that start inside a 16-byte piece: the plain
+// vectorized ones (without options, whose per-class terms would need the
+// lead too).
+template <bool kVec, bool kOpt>
+__host__ __device__ constexpr bool LeadRows() {
+  return kVec && !kOpt;
+}
+
+// Elements of the row at `row` before it in its 16-byte piece (RowView::lead);
+// kLead off: the row is aligned (0).
+template <bool kLead, typename T>
+__device__ __forceinline__ int LeadOf(const T* row) {
+  if constexpr (kLead) {
+    return static_cast<int>((reinterpret_cast<uintptr_t>(row) & 15) /
+                            sizeof(T));
+  } else {
+    return 0;
+  }
+}
+
+// The view of a row of `vocab` classes at `row` (RowView: `lead`, `vocab`)
+// and the 16-byte aligned start of its piece. kLead off: `view` is left as it
+// is (an aligned row's view is the row), so those kernels compile as before.
+template <bool kLead, typename T>
+__device__ __forceinline__ const T* ViewRow(const T* row, int vocab,
+                                            RowView& view) {
+  if constexpr (kLead) {
+    const int lead = LeadOf<kLead>(row);
+    view.lead = lead;
+    view.vocab = vocab + lead;
+    return row - lead;
+  } else {
+    return row;
+  }
+}
+
+// Pieces of a row's view (RowView) that a launch covers: one more where rows
+// may start inside a piece (a stride that is not a whole number of pieces;
+// the first row is aligned).
+__host__ __device__ __forceinline__ int64_t ViewPieces(int64_t vocab,
+                                                       int64_t stride, int w,
+                                                       bool lead_rows) {
+  const int64_t max_lead = lead_rows && stride % w != 0 ? w - 1 : 0;
+  return (vocab + max_lead + w - 1) / w;
+}
 
 // Max of two pairs of 16-bit values (one HMNMX2): a max is exact in the
 // logits' own type, so 16-bit tiles need not unpack for it. Like fmaxf, a NaN

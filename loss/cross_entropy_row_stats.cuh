@@ -322,6 +322,9 @@ struct RowCoefficients {
   float ce_scale;  // gradient scale of the cross-entropy part (incoming grad /
                    // denominator)
   float z_scale;   // same for the z-loss part
+  // Elements of the row's view before its first class (RowView::lead): the
+  // target is an index of the view (ViewTarget), the argmax is found in it.
+  int lead;
 };
 
 // The mean's scales: 1 / denominator in float (1 unless the reduction is kMean;
@@ -403,6 +406,7 @@ __device__ __forceinline__ ScanResults LoadScanResults(const RowArgs& args) {
 __device__ __forceinline__ RowCoefficients MakeCoefficients(
     const RowArgs& args, int64_t row, bool with_grad, const MeanScales& mean) {
   RowCoefficients c;
+  c.lead = 0;
   c.target = LoadTarget(args, row);
   c.ignored = c.target == args.ignore_index;
   c.valid_target = !c.ignored && c.target >= 0 && c.target < args.vocab;
@@ -415,6 +419,15 @@ __device__ __forceinline__ RowCoefficients MakeCoefficients(
   c.ce_scale = grad * mean.ce_inv;
   c.z_scale = grad * mean.z_inv;
   return c;
+}
+
+// Moves the row's target into its view, `lead` elements early (RowView):
+// the target's weight is taken already, from its class. A target that is not
+// a class of the row (ignored or out of range) becomes -1, which matches no
+// element of the view.
+__device__ __forceinline__ void ViewTarget(RowCoefficients& c, int lead) {
+  c.lead = lead;
+  if (lead != 0) c.target = c.valid_target ? c.target + lead : -1;
 }
 
 __device__ __forceinline__ float WeightTotal(const RowArgs& args) {
@@ -517,11 +530,16 @@ __device__ __forceinline__ void WriteRowLoss(const RowArgs& args, int64_t row,
 
 // Writes the row's extras (one thread a row): predicted, entropy and the
 // accuracy's term (WriteRowLoss writes the target's log-probability). The
-// scan's results are loaded.
+// scan's results are loaded. `argmax` is an index of the row's view, as
+// c.target: one in its lead (-inf, as the logits past the row) is the max
+// only of a row of -inf, whose first class, 0, is then its argmax.
 __device__ __forceinline__ void WriteRowExtras(const RowArgs& args, int64_t row,
                                                const RowCoefficients& c,
                                                const RowStats& total,
                                                int argmax, float entropy) {
+  if (argmax < c.lead) argmax = c.lead;
+  const bool hit = c.valid_target && argmax == c.target;
+  if (argmax != kNoIndex) argmax -= c.lead;
   if (args.predicted != nullptr) {
     if (args.predicted_i64) {
       static_cast<int64_t*>(args.predicted)[row] = argmax;
@@ -534,9 +552,8 @@ __device__ __forceinline__ void WriteRowExtras(const RowArgs& args, int64_t row,
     args.entropy[row] = c.valid_target ? entropy : fill;
   if (args.row_hit != nullptr) {
     const double den = args.stats->ce_denominator;
-    args.row_hit[row] = c.valid_target && argmax == c.target && den > 0
-                            ? c.target_weight * static_cast<float>(1.0 / den)
-                            : 0.0f;
+    args.row_hit[row] =
+        hit && den > 0 ? c.target_weight * static_cast<float>(1.0 / den) : 0.0f;
   }
 }
 

@@ -7,6 +7,7 @@
 #ifndef LOSSRT_LOSS_CROSS_ENTROPY_TILES_CUH_
 #define LOSSRT_LOSS_CROSS_ENTROPY_TILES_CUH_
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -243,11 +244,15 @@ __device__ __forceinline__ RowStats TileStats(const TileT& tile,
   return s;
 }
 
-// Stores the gradient of the piece at `base` (whole or the row's partial last
-// one). Ignored rows get zeros; an unvalidated out-of-range target poisons its
-// row (its loss is NaN too), as on the CPU.
-template <typename G, int kW>
+// Stores the gradient of the piece at `base` of the row's view (whole, or the
+// partial first piece of a row with a lead, or its partial last one: the
+// other elements belong to the rows beside it). Ignored rows get zeros; an
+// unvalidated out-of-range target poisons its row (its loss is NaN too), as
+// on the CPU. kLead: rows may have a lead (LeadRows); without, the kernel
+// keeps no lead test.
+template <typename G, int kW, bool kLead>
 __device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
+                                               int lead,
                                                const RowCoefficients& c,
                                                float (&g)[kW]) {
   if (!c.valid_target) {
@@ -255,12 +260,15 @@ __device__ __forceinline__ void StorePieceGrad(G* grad_row, int base, int vocab,
 #pragma unroll
     for (int j = 0; j < kW; ++j) g[j] = fill;
   }
-  if (base + kW <= vocab) {
+  // The view's lead elements belong to the row before (RowView::lead).
+  const int first_stored = kLead ? lead : INT_MIN;
+  if (base + kW <= vocab && base >= first_stored) {
     StoreVec<G, kW>(grad_row + base, g);
   } else {
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
-      if (base + j < vocab) grad_row[base + j] = FromFloat<G>(g[j]);
+      if (base + j < vocab && base + j >= first_stored)
+        grad_row[base + j] = FromFloat<G>(g[j]);
     }
   }
 }
@@ -338,7 +346,8 @@ __device__ __forceinline__ void TileGrad(const TileT& tile, const RowView& view,
         g[j] *= 1.0f - t * t;
       }
     }
-    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
+    StorePieceGrad<G, kW, LeadRows<(kW > 1), kOpt>()>(
+        grad_row, base, view.vocab, view.lead, c, g);
   }
   // The target's element again (one a row), TargetGrad's way. The thread that
   // stored its piece above writes it, so the two stores are ordered. Out of
@@ -556,7 +565,8 @@ __device__ __forceinline__ void TileGradFromExp(
         }
       }
     }
-    StorePieceGrad<G, kW>(grad_row, base, view.vocab, c, g);
+    StorePieceGrad<G, kW, LeadRows<(kW > 1), kOpt>()>(
+        grad_row, base, view.vocab, view.lead, c, g);
   }
   // The target's element again, from its logit, TargetGrad's way. The thread
   // that stored its piece above writes it, so the two stores are ordered.
@@ -679,7 +689,7 @@ __device__ __forceinline__ int FirstIndexOfMaxInTile(const T* logits_row,
   const float softcap = kOpt ? view.softcap : 0.0f;
   const float inv_cap = kOpt ? view.inv_cap : 0.0f;
   TileT tile;
-  tile.Load(logits_row, view.vocab, first, 32);
+  tile.Load(logits_row, view.vocab, first, 32, view.lead);
   int index = kNoIndex;
 #pragma unroll
   for (int r = R - 1; r >= 0; --r) {

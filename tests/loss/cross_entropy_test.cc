@@ -913,6 +913,20 @@ std::vector<Scenario> AllScenarios() {
         }
       }
     }
+    // Contiguous rows of odd vocabularies start inside a 16-byte piece and
+    // take the plain vectorized kernels, each row viewed from its piece's
+    // start: with ignored targets, class weights and the z-loss too, which
+    // keep those kernels (the options that touch every logit take the scalar
+    // ones, above).
+    for (int64_t vocab : {int64_t{3}, int64_t{1029}, int64_t{50257}}) {
+      for (DType dtype : dtypes) {
+        for (OptionSet options :
+             {OptionSet::kIgnore, OptionSet::kWeights, OptionSet::kZLoss}) {
+          scenarios.push_back(
+              {cuda, dtype, DType::kI64, options, Reduction::kMean, 9, vocab});
+        }
+      }
+    }
     // A full-size batch of GPT-2's vocabulary.
     for (DType dtype : dtypes) {
       scenarios.push_back({cuda, dtype, DType::kI64, OptionSet::kPlain,
