@@ -347,11 +347,9 @@ cudaError_t LaunchWarpRowKernel(const RowArgs& args, const LaunchTuning& tuning,
     return kernel;
   };
   auto kernel = kernel_of(std::bool_constant<LeadRows<kVec, kOpt>()>{});
-  if constexpr (kWalk && LeadRows<kVec, kOpt>()) {
-    // Aligned fp32 rows take the walk without leads: its per-row work for
-    // them costs a few percent on short rows (bench/RESULTS.md). The 16-bit
-    // kernels keep one kernel for both (not yet split: it costs their short
-    // aligned rows too).
+  if constexpr (LeadRows<kVec, kOpt>()) {
+    // Aligned rows take the kernel without leads: the lead-capable walk's
+    // per-row work costs short aligned rows a few percent (bench/RESULTS.md).
     if (args.logits_stride % kW == 0) kernel = kernel_of(std::false_type{});
   }
   int per_sm = 0;
