@@ -67,6 +67,8 @@ ABSL_FLAG(bool, validate_targets, true,
 ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
+ABSL_FLAG(std::string, schedule, "auto",
+          "the fused calls' schedule: auto, token_chunks or two_pass");
 ABSL_FLAG(std::string, extras, "",
           "extras of the fused calls (CrossEntropyExtras), a comma-separated "
           "subset of predicted,accuracy,entropy,logprob; empty: none");
@@ -482,6 +484,15 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   }
   LinearCrossEntropyOptions options;
   options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
+  const std::string schedule = absl::GetFlag(FLAGS_schedule);
+  if (schedule == "token_chunks") {
+    options.schedule = LinearCrossEntropySchedule::kTokenChunks;
+  } else if (schedule == "two_pass") {
+    options.schedule = LinearCrossEntropySchedule::kTwoPass;
+  } else if (schedule != "auto") {
+    return InvalidArgument("--schedule: auto, token_chunks or two_pass, not '",
+                           schedule, "'");
+  }
   options.cross_entropy.validate_targets =
       absl::GetFlag(FLAGS_validate_targets);
   options.cross_entropy.entropy_weight = absl::GetFlag(FLAGS_entropy_weight);
