@@ -3,9 +3,15 @@
 // (G1, fp32 output), d_hidden (G2, from 16-bit dlogits laid out in place in
 // the fp32 buffer) and the d_weight accumulation (G3, fp32 [V, H], beta = 1
 // after the first chunk), against chunk rows and the cuBLASLt workspace the
-// plan gives them. Shows where a small workspace budget's time goes. GPU only.
+// plan gives them. Shows where a small workspace budget's time goes. Two
+// experiments on the accumulation, which is bound by its fp32 read-modify-write
+// at a few hundred rows: --g3_candidates times cuBLASLt's other algorithms for
+// it, --concurrent_g3_sms runs each chunk's d_hidden on a second stream beside
+// it, the two aimed at parts of the SMs. GPU only.
 //
 //   bench/lce_gemm_parts --shapes=4096x4096x128256 --chunks=256,512,1024,4096
+//   bench/lce_gemm_parts --chunks=512 --concurrent_g3_sms=0,66,88
+//   --g3_candidates=8
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -62,91 +68,60 @@ std::vector<int64_t> ParseList(const std::string& text, char sep,
   return out;
 }
 
-// Times up to `limit` of the heuristic's candidates for one chunk's d_weight
-// accumulation D[H, V] (fp32) += hidden_c(op N of [H, c]) @ dlogits_c(op T of
-// [V, c], ld 2 ld) over all N / c chunks, with a 32 MiB workspace: how far the
-// heuristic's first choice is from the fastest, bits aside.
-absl::Status SweepG3(Context& context, cudaStream_t stream, int64_t n,
-                     int64_t h, int64_t v, int64_t ld, int64_t c,
-                     const char* hid, const char* buf, void* d_weight,
-                     int limit) {
-  ASSIGN_OR_RETURN(cublasLtHandle_t handle, CublasLtHandleOf(context));
-  ASSIGN_OR_RETURN(void* workspace, context.cublaslt_workspace());
-  const size_t workspace_bytes = Context::kCublasLtWorkspaceBytes;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld_layout = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const int32_t op_n = CUBLAS_OP_N, op_t = CUBLAS_OP_T;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof(op_n)));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof(op_t)));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, h, c, h));
-  CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, v, c, 2 * ld));
-  CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&ld_layout, CUDA_R_32F, h, v, h));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-      sizeof(workspace_bytes)));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(limit);
-  int found = 0;
-  CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld_layout, ld_layout,
-                                     pref, limit, results.data(), &found));
-  const float alpha = 1.0f, beta = 1.0f;
-  const int64_t count = n / c;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    auto run = [&](int) -> absl::Status {
-      for (int64_t k = 0; k < count; ++k) {
-        CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-            handle, desc, &alpha, hid + k * c * h * 2, la, buf, lb, &beta,
-            d_weight, ld_layout, d_weight, ld_layout, &results[i].algo,
-            workspace, workspace_bytes, stream));
-      }
-      return absl::OkStatus();
-    };
-    absl::StatusOr<double> ms =
-        bench::MedianMs(stream, 1, absl::GetFlag(FLAGS_repeats), run);
-    int32_t tile = 0, stages = 0, splits = 0, cluster = 0;
-    size_t size = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo,
-                                         CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                         sizeof(tile), &size);
-    cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo,
-                                         CUBLASLT_ALGO_CONFIG_STAGES_ID,
-                                         &stages, sizeof(stages), &size);
-    cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo,
-                                         CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                         &splits, sizeof(splits), &size);
-    cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo,
-                                         CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-                                         &cluster, sizeof(cluster), &size);
-    if (ms.ok()) {
-      std::printf(
-          "%6lld  G3 candidate %2d (tile %d, stages %d, split-K %d, cluster "
-          "%d): %8.3f ms, %5.0f GB/s of fp32 d_weight traffic\n",
-          static_cast<long long>(c), i, tile, stages, splits, cluster, *ms,
-          8.0 * v * h * count / (*ms * 1e-3) / 1e9);
-    } else {
-      std::printf("%6lld  G3 candidate %2d: %s\n", static_cast<long long>(c), i,
-                  ms.status().ToString().c_str());
-    }
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(ld_layout);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatmulDescDestroy(desc);
-  return absl::OkStatus();
-}
+// The GEMMs of a token chunk of c rows, chunk k (logits rows k c ...), as the
+// linear cross-entropy's backend calls them, on one fp32 logits buffer whose
+// rows also hold the 16-bit dlogits in place (row stride 2 ld bf16).
+struct ChunkGemms {
+  int64_t h = 0, v = 0, ld = 0;
+  const char* hidden = nullptr;  // [N, H] bf16
+  const char* weight = nullptr;  // [V, H] bf16
+  char* buffer = nullptr;        // [rows, ld] fp32
+  void* d_hidden = nullptr;      // [N, H] bf16
+  void* d_weight = nullptr;      // [V, H] fp32
 
-// A cuBLASLt GEMM with its own descriptors and the heuristic's first choice,
-// optionally aimed at `sm_count` SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET).
+  // G1: logits[c, V] = hidden_k @ weight^T.
+  GemmCall Logits(int64_t k, int64_t c) const {
+    GemmCall call;
+    call.a = {weight, CUDA_R_16BF, h, v, h, CUBLAS_OP_T};
+    call.b = {hidden + k * c * h * 2, CUDA_R_16BF, h, c, h, CUBLAS_OP_N};
+    call.d = buffer;
+    call.d_type = CUDA_R_32F;
+    call.m = v;
+    call.n = c;
+    call.ld_d = ld;
+    return call;
+  }
+  // G2: d_hidden of rows [p rows, (p + 1) rows) of chunk k = dlogits @ weight.
+  GemmCall DHidden(int64_t k, int64_t c, int64_t p, int64_t rows) const {
+    GemmCall call;
+    call.a = {weight, CUDA_R_16BF, h, v, h, CUBLAS_OP_N};
+    call.b = {
+        buffer + p * rows * ld * 4, CUDA_R_16BF, v, rows, 2 * ld, CUBLAS_OP_N};
+    call.d = static_cast<char*>(d_hidden) + (k * c + p * rows) * h * 2;
+    call.d_type = CUDA_R_16BF;
+    call.m = h;
+    call.n = rows;
+    call.ld_d = h;
+    return call;
+  }
+  // G3: d_weight (+)= dlogits^T @ hidden_k (beta 0 for the first chunk).
+  GemmCall DWeight(int64_t k, int64_t c) const {
+    GemmCall call;
+    call.a = {hidden + k * c * h * 2, CUDA_R_16BF, h, c, h, CUBLAS_OP_N};
+    call.b = {buffer, CUDA_R_16BF, v, c, 2 * ld, CUBLAS_OP_T};
+    call.d = d_weight;
+    call.d_type = CUDA_R_32F;
+    call.m = h;
+    call.n = v;
+    call.ld_d = h;
+    call.beta = k == 0 ? 0.0f : 1.0f;
+    return call;
+  }
+};
+
+// A cuBLASLt GEMM of one shape with its own descriptors and up to
+// `candidates` of the heuristic's algorithms, optionally aimed at `sm_count`
+// SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): what GemmRunner does not expose.
 class RawGemm {
  public:
   ~RawGemm() {
@@ -156,9 +131,9 @@ class RawGemm {
     if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
   }
   absl::Status Init(cublasLtHandle_t handle, const GemmCall& call, int sm_count,
-                    void* workspace, size_t workspace_bytes) {
+                    void* workspace, size_t workspace_bytes,
+                    int candidates = 1) {
     handle_ = handle;
-    call_ = call;
     workspace_ = workspace;
     workspace_bytes_ = workspace_bytes;
     CUBLAS_RETURN_IF_ERROR(
@@ -184,47 +159,97 @@ class RawGemm {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
         sizeof(workspace_bytes)));
-    cublasLtMatmulHeuristicResult_t result = {};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(candidates);
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle, desc_, a_, b_, d_, d_, pref, 1, &result, &found);
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, pref,
+                                       candidates, results.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CUBLAS_RETURN_IF_ERROR(status);
-    if (found < 1) return absl::UnimplementedError("no cuBLASLt algorithm");
-    algo_ = result.algo;
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS)
+        algos_.push_back(results[i].algo);
+    }
+    if (algos_.empty())
+      return absl::UnimplementedError("no cuBLASLt algorithm");
     return absl::OkStatus();
   }
-  // The call with its operands and D moved by the given element offsets.
-  absl::Status Run(int64_t a_offset, int64_t d_offset, float beta,
-                   cudaStream_t stream) {
-    const char* a = static_cast<const char*>(call_.a.data) + a_offset * 2;
-    char* d = static_cast<char*>(call_.d) +
-              d_offset * (call_.d_type == CUDA_R_32F ? 4 : 2);
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-        handle_, desc_, &call_.alpha, a, a_, call_.b.data, b_, &beta, d, d_, d,
-        d_, &algo_, workspace_, workspace_bytes_, stream));
+  int algorithms() const { return static_cast<int>(algos_.size()); }
+  const cublasLtMatmulAlgo_t& algorithm(int i) const { return algos_[i]; }
+  // `call` (the shape Init saw, operands and scalars of its own) with
+  // algorithm `i`.
+  absl::Status Run(const GemmCall& call, cudaStream_t stream, int i = 0) const {
+    CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmul(handle_, desc_, &call.alpha, call.a.data, a_,
+                       call.b.data, b_, &call.beta, call.d, d_, call.d, d_,
+                       &algos_[i], workspace_, workspace_bytes_, stream));
     return absl::OkStatus();
   }
 
  private:
   cublasLtHandle_t handle_ = nullptr;
-  GemmCall call_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulAlgo_t algo_ = {};
+  std::vector<cublasLtMatmulAlgo_t> algos_;
 };
+
+// Times up to `limit` of the heuristic's candidates for the d_weight
+// accumulation over all chunks of c rows, with the context's whole cuBLASLt
+// workspace: how far the heuristic's first choice is from the fastest, bits
+// aside.
+absl::Status SweepG3(Context& context, cudaStream_t stream,
+                     const ChunkGemms& gemms, int64_t n, int64_t c, int limit) {
+  ASSIGN_OR_RETURN(cublasLtHandle_t handle, CublasLtHandleOf(context));
+  ASSIGN_OR_RETURN(void* workspace, context.cublaslt_workspace());
+  RawGemm g3;
+  RETURN_IF_ERROR(g3.Init(handle, gemms.DWeight(0, c), 0, workspace,
+                          Context::kCublasLtWorkspaceBytes, limit));
+  const int64_t count = n / c;
+  for (int i = 0; i < g3.algorithms(); ++i) {
+    auto run = [&](int) -> absl::Status {
+      for (int64_t k = 0; k < count; ++k) {
+        RETURN_IF_ERROR(g3.Run(gemms.DWeight(k, c), stream, i));
+      }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<double> ms =
+        bench::MedianMs(stream, 1, absl::GetFlag(FLAGS_repeats), run);
+    int32_t tile = 0, stages = 0, splits = 0, cluster = 0;
+    size_t size = 0;
+    const cublasLtMatmulAlgo_t& algo = g3.algorithm(i);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                         &tile, sizeof(tile), &size);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                         &stages, sizeof(stages), &size);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                         &splits, sizeof(splits), &size);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo,
+                                         CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                         &cluster, sizeof(cluster), &size);
+    if (ms.ok()) {
+      std::printf(
+          "%6lld  G3 candidate %2d (tile %d, stages %d, split-K %d, cluster "
+          "%d): %8.3f ms, %5.0f GB/s of fp32 d_weight traffic\n",
+          static_cast<long long>(c), i, tile, stages, splits, cluster, *ms,
+          8.0 * gemms.v * gemms.h * count / (*ms * 1e-3) / 1e9);
+    } else {
+      std::printf("%6lld  G3 candidate %2d: %s\n", static_cast<long long>(c), i,
+                  ms.status().ToString().c_str());
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Each chunk's G2 (d_hidden, on the context's side stream, SMs - g3_sms SMs)
 // and G3 (d_weight accumulation, on the main stream, g3_sms SMs) at once,
 // both reading the chunk's dlogits, joined before the next chunk; against
 // the two one after the other with the same descriptors. Halves of the
 // context's cuBLASLt workspace, one a GEMM.
-absl::Status ConcurrentG2G3(Context& context, cudaStream_t stream, int64_t n,
-                            int64_t h, int64_t v, int64_t ld, int64_t c,
-                            const char* hid, const char* wt, const char* buf,
-                            void* d_hidden, void* d_weight, int g3_sms) {
+absl::Status ConcurrentG2G3(Context& context, cudaStream_t stream,
+                            const ChunkGemms& gemms, int64_t n, int64_t c,
+                            int g3_sms) {
   ASSIGN_OR_RETURN(cublasLtHandle_t handle, CublasLtHandleOf(context));
   ASSIGN_OR_RETURN(void* workspace, context.cublaslt_workspace());
   ASSIGN_OR_RETURN(cudaStream_t side, ContextSideStream(context));
@@ -233,27 +258,11 @@ absl::Status ConcurrentG2G3(Context& context, cudaStream_t stream, int64_t n,
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &sms, cudaDevAttrMultiProcessorCount, context.device().ordinal));
   const size_t half = Context::kCublasLtWorkspaceBytes / 2;
-  GemmCall g2;
-  g2.a = {wt, CUDA_R_16BF, h, v, h, CUBLAS_OP_N};
-  g2.b = {buf, CUDA_R_16BF, v, c, 2 * ld, CUBLAS_OP_N};
-  g2.d = d_hidden;
-  g2.d_type = CUDA_R_16BF;
-  g2.m = h;
-  g2.n = c;
-  g2.ld_d = h;
-  GemmCall g3;
-  g3.a = {hid, CUDA_R_16BF, h, c, h, CUBLAS_OP_N};
-  g3.b = {buf, CUDA_R_16BF, v, c, 2 * ld, CUBLAS_OP_T};
-  g3.d = d_weight;
-  g3.d_type = CUDA_R_32F;
-  g3.m = h;
-  g3.n = v;
-  g3.ld_d = h;
-  RawGemm raw2, raw3;
-  RETURN_IF_ERROR(
-      raw2.Init(handle, g2, g3_sms > 0 ? sms - g3_sms : 0, workspace, half));
-  RETURN_IF_ERROR(raw3.Init(handle, g3, g3_sms,
-                            static_cast<char*>(workspace) + half, half));
+  RawGemm g2, g3;
+  RETURN_IF_ERROR(g2.Init(handle, gemms.DHidden(0, c, 0, c),
+                          g3_sms > 0 ? sms - g3_sms : 0, workspace, half));
+  RETURN_IF_ERROR(g3.Init(handle, gemms.DWeight(0, c), g3_sms,
+                          static_cast<char*>(workspace) + half, half));
   const int64_t count = n / c;
   auto run = [&](bool concurrent) {
     return [&, concurrent](int) -> absl::Status {
@@ -263,8 +272,8 @@ absl::Status ConcurrentG2G3(Context& context, cudaStream_t stream, int64_t n,
           CUDA_RETURN_IF_ERROR(cudaEventRecord(events[0], stream));
           CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, events[0], 0));
         }
-        RETURN_IF_ERROR(raw2.Run(0, k * c * h, 0.0f, g2_stream));
-        RETURN_IF_ERROR(raw3.Run(k * c * h, 0, k == 0 ? 0.0f : 1.0f, stream));
+        RETURN_IF_ERROR(g2.Run(gemms.DHidden(k, c, 0, c), g2_stream));
+        RETURN_IF_ERROR(g3.Run(gemms.DWeight(k, c), stream));
         if (concurrent) {
           CUDA_RETURN_IF_ERROR(cudaEventRecord(events[1], side));
           CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, events[1], 0));
@@ -299,9 +308,15 @@ absl::Status RunShape(Context& context, int64_t n, int64_t h, int64_t v) {
   RETURN_IF_ERROR(FillNormal(hidden.view, 1, 0.0f, 0.5f, context));
   RETURN_IF_ERROR(FillNormal(weight.view, 2, 0.0f, 0.02f, context));
   RETURN_IF_ERROR(FillNormal(buffer.view, 3, 0.0f, 1e-4f, context));
-  const char* hid = static_cast<const char*>(hidden.view.data);
-  const char* wt = static_cast<const char*>(weight.view.data);
-  char* buf = static_cast<char*>(buffer.view.data);
+  ChunkGemms gemms;
+  gemms.h = h;
+  gemms.v = v;
+  gemms.ld = ld;
+  gemms.hidden = static_cast<const char*>(hidden.view.data);
+  gemms.weight = static_cast<const char*>(weight.view.data);
+  gemms.buffer = static_cast<char*>(buffer.view.data);
+  gemms.d_hidden = d_hidden.view.data;
+  gemms.d_weight = d_weight.view.data;
   const double flops = 2.0 * n * h * v;  // one GEMM over all chunks
 
   std::vector<int64_t> chunks = ParseList(absl::GetFlag(FLAGS_chunks), ',');
@@ -323,15 +338,7 @@ absl::Status RunShape(Context& context, int64_t n, int64_t h, int64_t v) {
           ContextGemmRunnerFor(context, CUBLAS_COMPUTE_32F, ws_mib << 20));
       auto g1 = [&](int) -> absl::Status {
         for (int64_t k = 0; k < count; ++k) {
-          GemmCall call;
-          call.a = {wt, CUDA_R_16BF, h, v, h, CUBLAS_OP_T};
-          call.b = {hid + k * c * h * 2, CUDA_R_16BF, h, c, h, CUBLAS_OP_N};
-          call.d = buf;
-          call.d_type = CUDA_R_32F;
-          call.m = v;
-          call.n = c;
-          call.ld_d = ld;
-          RETURN_IF_ERROR(gemm->Run(call, stream));
+          RETURN_IF_ERROR(gemm->Run(gemms.Logits(k, c), stream));
         }
         return absl::OkStatus();
       };
@@ -339,22 +346,8 @@ absl::Status RunShape(Context& context, int64_t n, int64_t h, int64_t v) {
         return [&, parts](int) -> absl::Status {
           for (int64_t k = 0; k < count; ++k) {
             for (int p = 0; p < parts; ++p) {
-              const int64_t rows = c / parts;
-              GemmCall call;
-              call.a = {wt, CUDA_R_16BF, h, v, h, CUBLAS_OP_N};
-              call.b = {buf + p * rows * ld * 4,
-                        CUDA_R_16BF,
-                        v,
-                        rows,
-                        2 * ld,
-                        CUBLAS_OP_N};
-              call.d = static_cast<char*>(d_hidden.view.data) +
-                       (k * c + p * rows) * h * 2;
-              call.d_type = CUDA_R_16BF;
-              call.m = h;
-              call.n = rows;
-              call.ld_d = h;
-              RETURN_IF_ERROR(gemm->Run(call, stream));
+              RETURN_IF_ERROR(
+                  gemm->Run(gemms.DHidden(k, c, p, c / parts), stream));
             }
           }
           return absl::OkStatus();
@@ -362,16 +355,7 @@ absl::Status RunShape(Context& context, int64_t n, int64_t h, int64_t v) {
       };
       auto g3 = [&](int) -> absl::Status {
         for (int64_t k = 0; k < count; ++k) {
-          GemmCall call;
-          call.a = {hid + k * c * h * 2, CUDA_R_16BF, h, c, h, CUBLAS_OP_N};
-          call.b = {buf, CUDA_R_16BF, v, c, 2 * ld, CUBLAS_OP_T};
-          call.d = d_weight.view.data;
-          call.d_type = CUDA_R_32F;
-          call.m = h;
-          call.n = v;
-          call.ld_d = h;
-          call.beta = k == 0 ? 0.0f : 1.0f;
-          RETURN_IF_ERROR(gemm->Run(call, stream));
+          RETURN_IF_ERROR(gemm->Run(gemms.DWeight(k, c), stream));
         }
         return absl::OkStatus();
       };
@@ -392,13 +376,11 @@ absl::Status RunShape(Context& context, int64_t n, int64_t h, int64_t v) {
     for (int64_t g3_sms :
          ParseList(absl::GetFlag(FLAGS_concurrent_g3_sms), ',', 0)) {
       if (c == n) break;
-      RETURN_IF_ERROR(ConcurrentG2G3(
-          context, stream, n, h, v, ld, c, hid, wt, buf, d_hidden.view.data,
-          d_weight.view.data, static_cast<int>(g3_sms)));
+      RETURN_IF_ERROR(ConcurrentG2G3(context, stream, gemms, n, c,
+                                     static_cast<int>(g3_sms)));
     }
     if (absl::GetFlag(FLAGS_g3_candidates) > 0 && c < n) {
-      RETURN_IF_ERROR(SweepG3(context, stream, n, h, v, ld, c, hid, buf,
-                              d_weight.view.data,
+      RETURN_IF_ERROR(SweepG3(context, stream, gemms, n, c,
                               absl::GetFlag(FLAGS_g3_candidates)));
     }
   }
