@@ -68,7 +68,8 @@ ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
 ABSL_FLAG(std::string, schedule, "auto",
-          "the fused calls' schedule: auto, token_chunks or two_pass");
+          "the fused calls' schedule: auto, token_chunks, two_pass or "
+          "vocab_slices");
 ABSL_FLAG(std::string, extras, "",
           "extras of the fused calls (CrossEntropyExtras), a comma-separated "
           "subset of predicted,accuracy,entropy,logprob; empty: none");
@@ -184,8 +185,10 @@ absl::StatusOr<Tensors> MakeTensors(Context& context, const Shape3& s,
   return t;
 }
 
+// The plan the op makes for this call (the options' schedule and streams).
 std::string PlanText(const Shape3& s, int64_t budget, DType d_weight,
-                     bool overlap, DeviceKind device) {
+                     const LinearCrossEntropyOptions& options,
+                     DeviceKind device) {
   lce::PlanInput in;
   in.pass = lce::Pass::kForwardBackward;
   in.device = device;
@@ -196,7 +199,8 @@ std::string PlanText(const Shape3& s, int64_t budget, DType d_weight,
   in.d_hidden_type = DType::kBF16;
   in.d_weight_type = d_weight;
   in.max_workspace_bytes = budget;
-  in.overlap_streams = overlap;
+  in.overlap_streams = options.overlap_streams;
+  in.schedule = options.schedule;
   const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
   return plan.ok() ? plan->ToString() : std::string(plan.status().message());
 }
@@ -247,7 +251,7 @@ absl::Status RunCpu() {
                        times.end());
       const double ms = times[times.size() / 2];
       const std::string plan =
-          PlanText(s, budget, DType::kF32, false, DeviceKind::kCpu);
+          PlanText(s, budget, DType::kF32, options, DeviceKind::kCpu);
       std::printf("%-16s %7lld MiB %12.2f %12.1f  %s (loss %.5f)\n",
                   s.Name().c_str(), static_cast<long long>(budget / kMiB), ms,
                   static_cast<double>(peak) / kMiB, plan.c_str(),
@@ -489,9 +493,12 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
     options.schedule = LinearCrossEntropySchedule::kTokenChunks;
   } else if (schedule == "two_pass") {
     options.schedule = LinearCrossEntropySchedule::kTwoPass;
+  } else if (schedule == "vocab_slices") {
+    options.schedule = LinearCrossEntropySchedule::kVocabSlices;
   } else if (schedule != "auto") {
-    return InvalidArgument("--schedule: auto, token_chunks or two_pass, not '",
-                           schedule, "'");
+    return InvalidArgument(
+        "--schedule: auto, token_chunks, two_pass or vocab_slices, not '",
+        schedule, "'");
   }
   options.cross_entropy.validate_targets =
       absl::GetFlag(FLAGS_validate_targets);
@@ -510,7 +517,7 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   ASSIGN_OR_RETURN(r.fused,
                    Measure(context, fused(default_budget, t.d_weight.view)));
   r.fused_plan = PlanText(s, default_budget, DType::kF32,
-                          options.overlap_streams, DeviceKind::kCuda);
+                          options, DeviceKind::kCuda);
   float fused_loss = 0;
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&fused_loss, t.loss.view.data, 4, cudaMemcpyDeviceToHost));
@@ -523,13 +530,13 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   ASSIGN_OR_RETURN(r.fused_bf16, Measure(context, fused(default_budget,
                                                         t.d_weight_bf16.view)));
   r.fused_bf16_plan = PlanText(s, default_budget, DType::kBF16,
-                               options.overlap_streams, DeviceKind::kCuda);
+                               options, DeviceKind::kCuda);
   for (int64_t budget : budgets) {
     ASSIGN_OR_RETURN(Measured m,
                      Measure(context, fused(budget, t.d_weight.view)));
     r.curve.push_back({budget, m});
     r.curve_plans.push_back(PlanText(
-        s, budget, DType::kF32, options.overlap_streams, DeviceKind::kCuda));
+        s, budget, DType::kF32, options, DeviceKind::kCuda));
     std::printf("  %-18s %5lld MiB: %8.2f ms (%.2fx), peak %7.1f MiB  [%s]\n",
                 s.Name().c_str(), static_cast<long long>(budget / kMiB), m.ms,
                 m.ms / r.gemms_ms, static_cast<double>(m.peak) / kMiB,

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
+#include "loss/linear_cross_entropy_kernels.h"
 #include "loss/loss_checks.h"
 #include "runtime/int_math.h"
 #include "runtime/status.h"
@@ -189,6 +190,45 @@ struct Candidate {
   Plan plan;
 };
 
+// Vocabulary slices of at most `max_cols` columns (>= 8) covering the
+// vocabulary: whole GEMM tiles when they are large; 8 columns keep rows
+// 32-byte aligned.
+void SetSlices(int64_t max_cols, int64_t vocab, Plan& plan) {
+  if (max_cols >= plan.chunk_ld) {
+    plan.slice_cols = vocab;
+    plan.slice_ld = plan.chunk_ld;
+  } else {
+    const int64_t granule = max_cols >= 256 ? 128 : 8;
+    const int64_t cols = RoundDown(max_cols, granule);
+    plan.slice_cols =
+        std::min(cols, RoundUp(CeilDiv(vocab, CeilDiv(vocab, cols)), granule));
+    plan.slice_ld = plan.slice_cols;
+  }
+  plan.num_slices = CeilDiv(vocab, plan.slice_cols);
+}
+
+// The logits buffer of `logits_floats` floats first in the block, the `fixed`
+// regions after it; the block's size and whether it fits the budget.
+void PlaceAfterLogits(const Layout& fixed, int64_t logits_floats,
+                      int64_t budget, Candidate& out) {
+  Plan& plan = out.plan;
+  plan.logits_offset = 0;
+  plan.logits_bytes = 4 * logits_floats;
+  const int64_t fixed_begin = RoundUp(plan.logits_bytes, kAlignment);
+  for (int64_t* offset :
+       {&plan.stats_offset, &plan.row_loss_offset, &plan.row_hit_offset,
+        &plan.lse_offset, &plan.target_logprob_offset, &plan.row_max_offset,
+        &plan.row_stats_offset, &plan.grad_scale_offset, &plan.bias_offset,
+        &plan.ones_offset, &plan.d_bias_acc_offset, &plan.d_weight_acc_offset,
+        &plan.d_hidden_acc_offset}) {
+    if (*offset >= 0) *offset += fixed_begin;
+  }
+  plan.block_bytes = fixed_begin + fixed.size();
+  plan.total_bytes =
+      AllocatedBytes(plan.block_bytes) + plan.gemm_workspace_bytes;
+  out.feasible = plan.total_bytes <= budget;
+}
+
 Candidate PlanSchedule(const PlanInput& in,
                        LinearCrossEntropySchedule schedule) {
   const bool token_chunks =
@@ -250,36 +290,10 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.num_chunks = n == 0 ? 0 : CeilDiv(n, plan.chunk_rows);
   int64_t logits_floats = plan.chunk_rows * plan.chunk_ld;
   if (!token_chunks && n > 0) {
-    const int64_t max_cols = buffer / (4 * n);
-    if (max_cols >= plan.chunk_ld) {
-      plan.slice_cols = v;
-      plan.slice_ld = plan.chunk_ld;
-    } else {
-      // Slices of whole GEMM tiles when they are large; 8 columns keep rows
-      // 32-byte aligned.
-      const int64_t granule = max_cols >= 256 ? 128 : 8;
-      const int64_t cols = RoundDown(max_cols, granule);
-      plan.slice_cols =
-          std::min(cols, RoundUp(CeilDiv(v, CeilDiv(v, cols)), granule));
-      plan.slice_ld = plan.slice_cols;
-    }
-    plan.num_slices = CeilDiv(v, plan.slice_cols);
+    SetSlices(buffer / (4 * n), v, plan);
     logits_floats = std::max(logits_floats, n * plan.slice_ld);
   }
-  plan.logits_offset = 0;
-  plan.logits_bytes = 4 * logits_floats;
-  const int64_t fixed_begin = RoundUp(plan.logits_bytes, kAlignment);
-  for (int64_t* offset :
-       {&plan.stats_offset, &plan.row_loss_offset, &plan.row_hit_offset,
-        &plan.lse_offset, &plan.target_logprob_offset, &plan.grad_scale_offset,
-        &plan.bias_offset, &plan.ones_offset, &plan.d_bias_acc_offset,
-        &plan.d_weight_acc_offset}) {
-    if (*offset >= 0) *offset += fixed_begin;
-  }
-  plan.block_bytes = fixed_begin + fixed.size();
-  plan.total_bytes =
-      AllocatedBytes(plan.block_bytes) + plan.gemm_workspace_bytes;
-  out.feasible = plan.total_bytes <= in.max_workspace_bytes;
+  PlaceAfterLogits(fixed, logits_floats, in.max_workspace_bytes, out);
 
   // Cost estimate.
   const Rates rates = RatesFor(in);
@@ -326,6 +340,147 @@ Candidate PlanSchedule(const PlanInput& in,
   return out;
 }
 
+// The kVocabSlices schedule with token blocks of `block_rows` rows (the last
+// may be shorter): per block, a sweep of G1 and the statistics kernel over the
+// vocabulary slices, the finish, and (backward) a second sweep in reverse order
+// that recomputes each slice's logits but the last one's, its dlogits, G2 into
+// the block's d_hidden rows (fp32, accumulated over the slices) and G3 into
+// d_weight (accumulated over the blocks).
+Candidate PlanVocabSlicesWith(const PlanInput& in, int64_t block_rows) {
+  const bool backward = in.pass != Pass::kForward;
+  const bool stats = in.pass != Pass::kBackward;
+  const int64_t n = in.tokens;
+  const int64_t v = in.vocab;
+  const int64_t h = in.hidden;
+  const int64_t e = DTypeSize(in.operand_type);
+  Candidate out;
+  Plan& plan = out.plan;
+  plan.schedule = LinearCrossEntropySchedule::kVocabSlices;
+  plan.chunk_ld = RoundUp(v, int64_t{8});
+  plan.gemm_workspace_bytes =
+      in.device == DeviceKind::kCuda
+          ? std::min<int64_t>(
+                kGemmWorkspaceBytes,
+                RoundDown(in.max_workspace_bytes / kTwoPassGemmWorkspaceShare,
+                          kAlignment))
+          : 0;
+  plan.chunk_rows = block_rows;
+  plan.num_chunks = CeilDiv(n, block_rows);
+  const bool several_blocks = plan.num_chunks > 1;
+
+  Layout fixed;
+  plan.stats_offset = fixed.Add(sizeof(ce::TargetStats));
+  plan.row_loss_offset = fixed.AddIf(stats && !in.reduction_none, 4 * n);
+  plan.lse_offset = fixed.AddIf(!in.lse_given && backward, 4 * n);
+  plan.target_logprob_offset = fixed.AddIf(
+      !in.target_logprob_given && in.pass == Pass::kForwardBackward, 4 * n);
+  plan.row_max_offset = fixed.AddIf(stats, 4 * n);
+  plan.row_stats_offset = fixed.AddIf(stats, 8 * kStats * n);
+  plan.grad_scale_offset =
+      fixed.AddIf(in.operand_type == DType::kF16 && backward,
+                  4 * (in.reduction_none ? n : 1));
+  plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
+  plan.ones_offset = fixed.AddIf(
+      in.has_bias && backward && in.device == DeviceKind::kCuda, e * n);
+  plan.d_bias_acc_offset = fixed.AddIf(
+      in.has_bias && backward && !in.d_bias_f32 && several_blocks, 4 * v);
+  plan.d_weight_acc_offset = fixed.AddIf(
+      backward && in.d_weight_type != DType::kF32 && several_blocks, 4 * v * h);
+
+  // The logits buffer: a slice of the block's rows. Several slices of a
+  // 16-bit d_hidden add up in an fp32 accumulator of the block's rows.
+  const int64_t usable =
+      LargestRequest(in.max_workspace_bytes - plan.gemm_workspace_bytes);
+  int64_t max_cols = (usable - fixed.size()) / (4 * block_rows);
+  if (max_cols < plan.chunk_ld && backward && in.d_hidden_type != DType::kF32) {
+    plan.d_hidden_acc_offset = fixed.Add(4 * block_rows * h);
+    max_cols = (usable - fixed.size()) / (4 * block_rows);
+  }
+  if (max_cols < 8) return out;
+  SetSlices(max_cols, v, plan);
+  PlaceAfterLogits(fixed, block_rows * plan.slice_ld, in.max_workspace_bytes,
+                   out);
+
+  // Cost estimate, in closed form over the full and last blocks and slices.
+  const Rates r = RatesFor(in);
+  const double hd = static_cast<double>(h);
+  const double ge = static_cast<double>(e);  // dlogits in the operand dtype
+  const double dh_bytes = static_cast<double>(DTypeSize(in.d_hidden_type));
+  const double dw_bytes = static_cast<double>(DTypeSize(in.d_weight_type));
+  auto slice_seconds = [&](int64_t rows, int64_t cols, bool last_slice,
+                           bool first_block) {
+    const double rd = static_cast<double>(rows);
+    const double cd = static_cast<double>(cols);
+    const double flops = 2.0 * rd * cd * hd;
+    const double g1 =
+        GemmSeconds(r, rows, flops, ge * (rd * hd + cd * hd) + 4 * rd * cd);
+    double seconds = 0;
+    if (stats) seconds += g1 + 4 * rd * cd / r.ce_bytes_per_second;
+    if (!backward) return seconds + r.launch_seconds;
+    if (!(stats && last_slice)) seconds += g1;
+    seconds += (4 + ge) * rd * cd / r.ce_bytes_per_second + r.launch_seconds;
+    const bool d_hidden_adds = !last_slice;
+    seconds += GemmSeconds(
+        r, rows, flops,
+        ge * cd * hd + ge * rd * cd +
+            (d_hidden_adds
+                 ? 0
+                 : (plan.d_hidden_acc_offset >= 0 ? 4 : dh_bytes) * rd * hd),
+        d_hidden_adds ? 8 * rd * hd : 0);
+    seconds += GemmSeconds(
+        r, rows, flops,
+        ge * rd * hd + ge * rd * cd + (first_block ? dw_bytes * cd * hd : 0),
+        first_block ? 0 : 8 * cd * hd);
+    return seconds;
+  };
+  const int64_t last_cols = v - (plan.num_slices - 1) * plan.slice_cols;
+  auto block_seconds = [&](int64_t rows, bool first_block) {
+    double seconds =
+        (plan.num_slices - 1) *
+            slice_seconds(rows, plan.slice_cols, false, first_block) +
+        slice_seconds(rows, last_cols, true, first_block);
+    if (stats) seconds += r.launch_seconds;  // the finish
+    if (plan.d_hidden_acc_offset >= 0) {
+      seconds += (4.0 + dh_bytes) * rows * hd / r.bytes_per_second;
+    }
+    return seconds;
+  };
+  const int64_t last_rows = n - (plan.num_chunks - 1) * block_rows;
+  double seconds =
+      block_seconds(plan.num_chunks == 1 ? last_rows : block_rows, true);
+  if (plan.num_chunks > 2)
+    seconds += (plan.num_chunks - 2) * block_seconds(block_rows, false);
+  if (plan.num_chunks > 1) seconds += block_seconds(last_rows, false);
+  if (plan.d_weight_acc_offset >= 0) {
+    seconds += 6.0 * v * h / r.bytes_per_second;  // the final rounding pass
+  }
+  // Its launches and slice kernels, as the two-pass schedule's.
+  plan.estimated_seconds = kTwoPassOverhead * seconds;
+  return out;
+}
+
+// The fastest feasible kVocabSlices plan over token blocks of N, N/2, N/4, ...
+// rows.
+Candidate PlanVocabSlices(const PlanInput& in) {
+  Candidate best;
+  int64_t max_rows = in.tokens;
+  int64_t previous = 0;
+  while (max_rows >= 1) {
+    const int64_t rows = ChunkRows(in.tokens, max_rows);
+    if (rows != previous) {
+      Candidate candidate = PlanVocabSlicesWith(in, rows);
+      if (candidate.feasible &&
+          (!best.feasible ||
+           candidate.plan.estimated_seconds < best.plan.estimated_seconds)) {
+        best = candidate;
+      }
+      previous = rows;
+    }
+    max_rows = std::min(rows, max_rows) / 2;
+  }
+  return best;
+}
+
 const char* ScheduleName(LinearCrossEntropySchedule schedule) {
   switch (schedule) {
     case LinearCrossEntropySchedule::kAuto:
@@ -334,6 +489,8 @@ const char* ScheduleName(LinearCrossEntropySchedule schedule) {
       return "token chunks";
     case LinearCrossEntropySchedule::kTwoPass:
       return "two-pass";
+    case LinearCrossEntropySchedule::kVocabSlices:
+      return "vocab slices";
   }
   return "?";
 }
@@ -343,12 +500,13 @@ const char* ScheduleName(LinearCrossEntropySchedule schedule) {
 std::string Plan::ToString() const {
   std::string text = absl::StrCat(ScheduleName(schedule), ": ", num_chunks,
                                   " x ", chunk_rows, " tokens");
-  if (schedule == LinearCrossEntropySchedule::kTwoPass) {
+  if (schedule != LinearCrossEntropySchedule::kTokenChunks) {
     absl::StrAppend(&text, ", ", num_slices, " x ", slice_cols, " vocab");
   }
   absl::StrAppend(&text, "; workspace ", Bytes(total_bytes), " (logits ",
                   Bytes(logits_bytes),
-                  d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "", ")",
+                  d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "",
+                  d_hidden_acc_offset >= 0 ? ", fp32 d_hidden" : "", ")",
                   overlap_streams ? "; 2 streams" : "");
   return text;
 }
@@ -358,19 +516,29 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
     return InvalidArgument("max_workspace_bytes must be positive, got ",
                            input.max_workspace_bytes);
   }
-  std::vector<LinearCrossEntropySchedule> schedules;
-  if (input.pass == Pass::kForward || input.tokens == 0 ||
-      input.entropy_gradient) {
-    schedules = {LinearCrossEntropySchedule::kTokenChunks};
-  } else if (input.schedule == LinearCrossEntropySchedule::kAuto) {
-    schedules = {LinearCrossEntropySchedule::kTokenChunks,
-                 LinearCrossEntropySchedule::kTwoPass};
+  using Schedule = LinearCrossEntropySchedule;
+  const bool slices_possible = input.tokens > 0 && !input.whole_row_statistics;
+  std::vector<Schedule> schedules;
+  if (input.tokens == 0) {
+    schedules = {Schedule::kTokenChunks};
+  } else if (input.schedule == Schedule::kVocabSlices) {
+    // The driver refuses it where it cannot run (whole-row statistics).
+    schedules = {Schedule::kVocabSlices};
+  } else if (input.pass == Pass::kForward || input.entropy_gradient) {
+    schedules = {Schedule::kTokenChunks};
+    if (input.schedule == Schedule::kAuto && slices_possible)
+      schedules.push_back(Schedule::kVocabSlices);
+  } else if (input.schedule == Schedule::kAuto) {
+    schedules = {Schedule::kTokenChunks, Schedule::kTwoPass};
+    if (slices_possible) schedules.push_back(Schedule::kVocabSlices);
   } else {
     schedules = {input.schedule};
   }
   Candidate best;
   for (LinearCrossEntropySchedule schedule : schedules) {
-    Candidate candidate = PlanSchedule(input, schedule);
+    Candidate candidate = schedule == Schedule::kVocabSlices
+                              ? PlanVocabSlices(input)
+                              : PlanSchedule(input, schedule);
     if (candidate.feasible &&
         (!best.feasible ||
          candidate.plan.estimated_seconds < best.plan.estimated_seconds)) {
@@ -384,7 +552,11 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
       PlanInput larger = input;
       larger.max_workspace_bytes = budget;
       for (LinearCrossEntropySchedule schedule : schedules) {
-        if (PlanSchedule(larger, schedule).feasible) return true;
+        if ((schedule == Schedule::kVocabSlices
+                 ? PlanVocabSlices(larger)
+                 : PlanSchedule(larger, schedule))
+                .feasible)
+          return true;
       }
       return false;
     };
@@ -407,7 +579,52 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
   return best.plan;
 }
 
+std::vector<Block> MakeVocabSliceBlocks(const PlanInput& input,
+                                        const Plan& plan) {
+  std::vector<Block> blocks;
+  const bool backward = input.pass != Pass::kForward;
+  const bool stats = input.pass != Pass::kBackward;
+  for (int64_t c = 0; c < plan.num_chunks; ++c) {
+    Block block;
+    block.row_begin = c * plan.chunk_rows;
+    block.row_end = std::min(input.tokens, block.row_begin + plan.chunk_rows);
+    block.ld = plan.slice_ld;
+    auto slice = [&](int64_t s) {
+      block.col_begin = s * plan.slice_cols;
+      block.col_end = std::min(input.vocab, block.col_begin + plan.slice_cols);
+    };
+    if (stats) {
+      for (int64_t s = 0; s < plan.num_slices; ++s) {
+        slice(s);
+        block.mode = CeMode::kSliceStats;
+        block.accumulate = s > 0;
+        blocks.push_back(block);
+      }
+      block.col_begin = block.col_end = 0;
+      block.mode = CeMode::kSliceFinish;
+      block.accumulate = false;
+      blocks.push_back(block);
+    }
+    if (backward) {
+      for (int64_t s = plan.num_slices - 1; s >= 0; --s) {
+        slice(s);
+        block.mode = CeMode::kSliceBackward;
+        block.logits_ready = stats && s == plan.num_slices - 1;
+        block.d_hidden = true;
+        block.d_hidden_accumulate = s != plan.num_slices - 1;
+        block.d_hidden_done = s == 0;
+        block.d_weight = true;
+        block.accumulate = c > 0;
+        blocks.push_back(block);
+      }
+    }
+  }
+  return blocks;
+}
+
 std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
+  if (plan.schedule == LinearCrossEntropySchedule::kVocabSlices)
+    return MakeVocabSliceBlocks(input, plan);
   std::vector<Block> blocks;
   const bool backward = input.pass != Pass::kForward;
   const bool two_pass = plan.schedule == LinearCrossEntropySchedule::kTwoPass;
@@ -474,6 +691,11 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
       problem.extras != nullptr && problem.extras->target_logprob.has_value();
   in.entropy_gradient = options.cross_entropy.entropy_weight != 0.0f &&
                         problem.pass == Pass::kForwardBackward;
+  in.whole_row_statistics =
+      options.cross_entropy.entropy_weight != 0.0f ||
+      (problem.extras != nullptr && (problem.extras->predicted.has_value() ||
+                                     problem.extras->accuracy.has_value() ||
+                                     problem.extras->entropy.has_value()));
   return in;
 }
 
@@ -494,15 +716,79 @@ void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
     args.target_logprob = extras->target_logprob->data_as<float>() + row;
 }
 
-float* TwoPassTargetLogprob(const Problem& problem, const Plan& plan,
-                            float* workspace) {
-  if (plan.schedule != LinearCrossEntropySchedule::kTwoPass ||
-      problem.pass != Pass::kForwardBackward)
-    return nullptr;
+float* SliceTargetLogprob(const Problem& problem, const Plan& plan,
+                          float* workspace) {
+  const bool needed =
+      plan.schedule == LinearCrossEntropySchedule::kVocabSlices
+          ? problem.pass != Pass::kBackward
+          : plan.schedule == LinearCrossEntropySchedule::kTwoPass &&
+                problem.pass == Pass::kForwardBackward;
+  if (!needed) return nullptr;
   if (workspace != nullptr) return workspace;
   return problem.extras != nullptr && problem.extras->target_logprob.has_value()
              ? problem.extras->target_logprob->data_as<float>()
              : nullptr;
+}
+
+SliceStatsArgs MakeSliceStatsArgs(const Problem& problem, const Block& block,
+                                  const float* logits, float* row_max,
+                                  double* row_stats) {
+  const CrossEntropyOptions& ce = problem.options->cross_entropy;
+  const Tensor& targets = problem.inputs->targets;
+  const int64_t row = block.row_begin;
+  SliceStatsArgs args;
+  args.logits = logits;
+  args.ld = block.ld;
+  args.rows = block.row_end - row;
+  args.cols = block.col_end - block.col_begin;
+  args.col_begin = block.col_begin;
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.targets =
+      static_cast<const char*>(targets.data) + row * DTypeSize(targets.dtype);
+  args.ignore_index = ce.ignore_index;
+  args.softcap = ce.softcap;
+  args.class_weights = ce.class_weights.has_value()
+                           ? ce.class_weights->data_as<float>()
+                           : nullptr;
+  args.smoothing = ce.label_smoothing > 0.0f;
+  args.merge = block.accumulate;
+  args.row_max = row_max + row;
+  args.row_stats = row_stats + row * kStats;
+  return args;
+}
+
+SliceFinishArgs MakeSliceFinishArgs(const Problem& problem, const Block& block,
+                                    const ce::TargetStats* stats,
+                                    const float* row_max,
+                                    const double* row_stats, float* lse,
+                                    float* row_loss, float* target_logprob) {
+  const CrossEntropyOptions& ce = problem.options->cross_entropy;
+  const Tensor& targets = problem.inputs->targets;
+  const int64_t row = block.row_begin;
+  SliceFinishArgs args;
+  args.rows = block.row_end - row;
+  args.vocab = problem.vocab;
+  args.targets_i64 = targets.dtype == DType::kI64;
+  args.targets =
+      static_cast<const char*>(targets.data) + row * DTypeSize(targets.dtype);
+  args.ignore_index = ce.ignore_index;
+  args.label_smoothing = ce.label_smoothing;
+  args.z_loss = ce.z_loss;
+  args.class_weights = ce.class_weights.has_value()
+                           ? ce.class_weights->data_as<float>()
+                           : nullptr;
+  args.reduction = static_cast<int>(ce.reduction);
+  args.stats = stats;
+  args.row_max = row_max + row;
+  args.row_stats = row_stats + row * kStats;
+  args.lse = lse != nullptr ? lse + row : nullptr;
+  float* losses = ce.reduction == Reduction::kNone
+                      ? problem.loss->data_as<float>()
+                      : row_loss;
+  args.row_loss = losses != nullptr ? losses + row : nullptr;
+  args.target_logprob =
+      target_logprob != nullptr ? target_logprob + row : nullptr;
+  return args;
 }
 
 float DlogitsScale(DType operand_type, int reduction, double ce_denominator) {
@@ -623,6 +909,19 @@ absl::Status CheckOutputs(const Context& context, const Problem& problem) {
         problem.options->schedule == LinearCrossEntropySchedule::kTwoPass) {
       return InvalidArgument(
           "entropy_weight != 0 needs the token-chunk schedule, not kTwoPass");
+    }
+  }
+  if (problem.options->schedule == LinearCrossEntropySchedule::kVocabSlices &&
+      problem.pass != Pass::kBackward) {
+    const CrossEntropyExtras* extras = problem.extras;
+    if (ce.entropy_weight != 0.0f ||
+        (extras != nullptr &&
+         (extras->predicted.has_value() || extras->accuracy.has_value() ||
+          extras->entropy.has_value()))) {
+      return InvalidArgument(
+          "kVocabSlices merges each token's statistics slice by slice: it "
+          "computes no entropy_weight term and no predicted, accuracy or "
+          "entropy extras; use kTokenChunks or kAuto");
     }
   }
   return absl::OkStatus();

@@ -22,7 +22,10 @@
 // with the loss (the accuracy reduced over all chunks). With entropy_weight !=
 // 0, LinearCrossEntropyForwardBackward runs the token-chunk schedule (kTwoPass
 // is refused) and LinearCrossEntropyBackward is refused (InvalidArgument: its
-// chunks would need the per-token entropy); the forward takes any schedule.
+// chunks would need the per-token entropy); the forward takes token chunks.
+// kVocabSlices computes the loss, lse and target_logprob only: it is refused
+// with entropy_weight != 0 or the predicted, accuracy or entropy extras, and
+// kAuto does not pick it then.
 //
 // Tensors: hidden [N, H] and weight [V, H] of one dtype, f32, bf16 or f16 (rows
 // may be strided); bias [V] f32 or the weight's dtype; targets i64 or i32 [N];
@@ -44,19 +47,22 @@
 // 16-bit operands); products of 16-bit values are exact. With token chunks
 // d_weight and d_bias are summed over the chunks in fp32 (in the output itself
 // when it is f32, else in an fp32 accumulator); the two-pass schedule writes
-// each vocabulary slice's once. Every gradient is rounded once to its output
-// dtype. So with 16-bit operands, f32 gradient outputs spare only that final
-// rounding: they carry the dlogits' (up to 2^-8 relative per dlogit for bf16,
-// 2^-11 for f16, and nearly alike for all target entries, so it does not
-// average out), typically 1e-4 to 4e-3 relative (Frobenius) from the exact
-// gradients for bf16 and a few 1e-4 for f16, while they agree with the
-// products of the rounded dlogits to fp32 accumulation error (pinned by
-// tests/loss/linear_cross_entropy_test.cc). With f32 operands (TF32 off) the
-// dlogits stay fp32 and the gradients are fp32-accurate. A target's dlogit
-// keeps p_t - 1 even when it is below an f32 ulp of the lse (near-certain
-// targets): the fused call computes it from the row max and log-sum on both
-// schedules (the two-pass slices read the target's log-probability from the
-// first pass); the split backward, which has only the saved f32 lse, cannot.
+// each vocabulary slice's once; kVocabSlices sums d_hidden over the slices and
+// d_weight and d_bias over the token blocks in fp32 the same way. Every
+// gradient is rounded once to its output dtype. So with 16-bit operands, f32
+// gradient outputs spare only that final rounding: they carry the dlogits' (up
+// to 2^-8 relative per dlogit for bf16, 2^-11 for f16, and nearly alike for all
+// target entries, so it does not average out), typically 1e-4 to 4e-3 relative
+// (Frobenius) from the exact gradients for bf16 and a few 1e-4 for f16, while
+// they agree with the products of the rounded dlogits to fp32 accumulation
+// error (pinned by tests/loss/linear_cross_entropy_test.cc). With f32 operands
+// (TF32 off) the dlogits stay fp32 and the gradients are fp32-accurate. A
+// target's dlogit keeps p_t - 1 even when it is below an f32 ulp of the lse
+// (near-certain targets): the fused call computes it from the row max and
+// log-sum on every schedule (the two-pass and kVocabSlices slices read the
+// target's log-probability from the first pass, which keeps the target's term
+// apart from the other exponentials); the split backward, which has only the
+// saved f32 lse, cannot.
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
 // per-token scratch and the share of the cuBLASLt workspace it uses) fits in
@@ -115,6 +121,16 @@ enum class LinearCrossEntropySchedule {
   // and writes its d_weight rows once: a fourth GEMM instead of d_weight
   // traffic, and no fp32 accumulator. For small budgets.
   kTwoPass,
+  // Blocks of tokens, each swept over vocabulary slices twice: the first sweep
+  // computes each slice's logits and merges their row statistics (max, sum of
+  // exponentials, the target's logit) into the rows' lse and loss; the second
+  // (backward) recomputes each slice's logits but the last one's, for its
+  // dlogits, its d_weight rows and the block's d_hidden (accumulated over the
+  // slices in fp32). The weight is read once per block rather than once per
+  // chunk of a few rows, so the GEMMs stay large at the smallest budgets, and
+  // the forward can use it too. No entropy_weight, and no predicted, accuracy
+  // or entropy extras (target_logprob is computed); +inf logits give NaN.
+  kVocabSlices,
 };
 
 struct LinearCrossEntropyOptions {

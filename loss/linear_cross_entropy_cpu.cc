@@ -9,6 +9,7 @@
 // gradient outputs.
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -62,6 +63,37 @@ void SliceBackwardCpu(const SliceArgs& args) {
                 SliceGradient(args, row, logits[j], args.col_begin + j));
     }
   }
+}
+
+void SliceStatsCpu(const SliceStatsArgs& args) {
+  for (int64_t i = 0; i < args.rows; ++i) {
+    const float* x = args.logits + i * args.ld;  // [cols]
+    const int64_t skip =
+        SliceTargetColumn(args.targets, args.targets_i64, i, args.ignore_index,
+                          args.col_begin, args.cols);
+    float max = -INFINITY;
+    for (int64_t j = 0; j < args.cols; ++j)
+      max = std::max(max, SoftcapLogit(x[j], args.softcap));
+    double rest = 0.0, smooth = 0.0;
+    for (int64_t j = 0; j < args.cols; ++j) {
+      const float z = SoftcapLogit(x[j], args.softcap);
+      if (j != skip && max != -INFINITY) rest += std::exp(z - max);
+      if (args.smoothing) {
+        const float w = args.class_weights != nullptr
+                            ? args.class_weights[args.col_begin + j]
+                            : 1.0f;
+        smooth += static_cast<double>(w) * z;
+      }
+    }
+    const double target_z =
+        skip >= 0 ? SoftcapLogit(x[skip], args.softcap) : 0.0;
+    MergeSliceStats(args.merge, max, rest, skip >= 0, target_z, smooth,
+                    args.row_max + i, args.row_stats + i * kStats);
+  }
+}
+
+void SliceFinishCpu(const SliceFinishArgs& args) {
+  for (int64_t i = 0; i < args.rows; ++i) FinishSliceRow(args, i);
 }
 
 void ConvertCpu(const ConvertArgs& args) {
@@ -152,6 +184,9 @@ class CpuBackend final : public Backend {
   const float* bias_ = nullptr;
   float* d_weight_acc_ = nullptr;
   float* d_bias_acc_ = nullptr;
+  float* d_hidden_acc_ = nullptr;  // [chunk_rows, H] (vocabulary slices)
+  float* row_max_ = nullptr;       // [N] (vocabulary slices)
+  double* row_stats_ = nullptr;    // [N, kStats] (vocabulary slices)
   const float* grad_loss_ = nullptr;
   bool grad_loss_per_row_ = false;
   float scale_ = 1.0f;
@@ -192,10 +227,13 @@ absl::Status CpuBackend::Begin() {
   row_hit_ = At<float>(plan_.row_hit_offset);
   d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
+  d_hidden_acc_ = At<float>(plan_.d_hidden_acc_offset);
+  row_max_ = At<float>(plan_.row_max_offset);
+  row_stats_ = At<double>(plan_.row_stats_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
-  target_logprob_ = TwoPassTargetLogprob(
-      problem_, plan_, At<float>(plan_.target_logprob_offset));
+  target_logprob_ = SliceTargetLogprob(problem_, plan_,
+                                       At<float>(plan_.target_logprob_offset));
   const int64_t n = problem_.tokens;
   const float* class_weights = ce_.class_weights.has_value()
                                    ? ce_.class_weights->data_as<float>()
@@ -320,14 +358,27 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
   const int64_t h = problem_.hidden;
   const ConstMatrixMap hidden =
       hidden_.Rows(block.row_begin, rows, h);  // [rows, H]
+  if (block.mode == CeMode::kSliceFinish) {
+    SliceFinishCpu(MakeSliceFinishArgs(problem_, block, stats_, row_max_,
+                                       row_stats_, lse_, row_loss_,
+                                       target_logprob_));
+    return absl::OkStatus();
+  }
   const ConstMatrixMap weight =
       weight_.Rows(block.col_begin, cols, h);  // [cols, H]
   MatrixMap logits(logits_, rows, cols,
                    Eigen::OuterStride<>(block.ld));  // [rows, cols]
-  logits.noalias() = hidden * weight.transpose();
-  if (bias_ != nullptr) {
-    logits.rowwise() +=
-        Eigen::Map<const Eigen::RowVectorXf>(bias_ + block.col_begin, cols);
+  if (!block.logits_ready) {
+    logits.noalias() = hidden * weight.transpose();
+    if (bias_ != nullptr) {
+      logits.rowwise() +=
+          Eigen::Map<const Eigen::RowVectorXf>(bias_ + block.col_begin, cols);
+    }
+  }
+  if (block.mode == CeMode::kSliceStats) {
+    SliceStatsCpu(
+        MakeSliceStatsArgs(problem_, block, logits_, row_max_, row_stats_));
+    return absl::OkStatus();
   }
   CrossEntropy(block);
   if (block.mode == CeMode::kForward) return absl::OkStatus();
@@ -350,11 +401,28 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
   if (block.d_hidden) {
     const Tensor& d_hidden = g.d_hidden;
     staging_.noalias() = unscale * (logits * weight);  // [rows, H]
-    WriteRows(staging_,
-              static_cast<char*>(d_hidden.data) +
-                  block.row_begin * d_hidden.effective_row_stride() *
-                      DTypeSize(d_hidden.dtype),
-              d_hidden.dtype, d_hidden.effective_row_stride(), false);
+    char* d_hidden_rows = static_cast<char*>(d_hidden.data) +
+                          block.row_begin * d_hidden.effective_row_stride() *
+                              DTypeSize(d_hidden.dtype);
+    if (d_hidden_acc_ != nullptr) {
+      // Vocabulary slices of a 16-bit d_hidden: fp32 sums, rounded once.
+      WriteRows(staging_, d_hidden_acc_, DType::kF32, h,
+                block.d_hidden_accumulate);
+      if (block.d_hidden_done) {
+        ConvertArgs round;
+        round.src = d_hidden_acc_;
+        round.src_ld = h;
+        round.dst = d_hidden_rows;
+        round.dst_type = d_hidden.dtype;
+        round.dst_ld = d_hidden.effective_row_stride();
+        round.rows = rows;
+        round.cols = h;
+        ConvertCpu(round);
+      }
+    } else {
+      WriteRows(staging_, d_hidden_rows, d_hidden.dtype,
+                d_hidden.effective_row_stride(), block.d_hidden_accumulate);
+    }
   }
   if (block.d_weight) {
     staging_.noalias() = unscale * (logits.transpose() * hidden);  // [cols, H]

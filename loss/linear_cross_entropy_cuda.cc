@@ -131,6 +131,9 @@ class CudaBackend final : public Backend {
   const void* ones_ = nullptr;     // [N] operand dtype
   float* d_weight_acc_ = nullptr;  // [V, H] or null
   float* d_bias_acc_ = nullptr;    // [V] or null
+  float* d_hidden_acc_ = nullptr;  // [chunk_rows, H] (vocabulary slices)
+  float* row_max_ = nullptr;       // [N] (vocabulary slices)
+  double* row_stats_ = nullptr;    // [N, kStats] (vocabulary slices)
   const float* grad_loss_ = nullptr;
   bool grad_loss_per_row_ = false;
   float scale_ =
@@ -153,10 +156,13 @@ absl::Status CudaBackend::Begin() {
   row_hit_ = At<float>(plan_.row_hit_offset);
   d_weight_acc_ = At<float>(plan_.d_weight_acc_offset);
   d_bias_acc_ = At<float>(plan_.d_bias_acc_offset);
+  d_hidden_acc_ = At<float>(plan_.d_hidden_acc_offset);
+  row_max_ = At<float>(plan_.row_max_offset);
+  row_stats_ = At<double>(plan_.row_stats_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
-  target_logprob_ = TwoPassTargetLogprob(
-      problem_, plan_, At<float>(plan_.target_logprob_offset));
+  target_logprob_ = SliceTargetLogprob(problem_, plan_,
+                                       At<float>(plan_.target_logprob_offset));
   const int64_t n = problem_.tokens;
   if (n == 0) return absl::OkStatus();
 
@@ -253,6 +259,22 @@ absl::Status CudaBackend::Begin() {
 }
 
 absl::Status CudaBackend::RunBlock(const Block& block) {
+  // Vocabulary slices: one stream (the plan overlaps none).
+  if (block.mode == CeMode::kSliceFinish) {
+    CUDA_RETURN_IF_ERROR(LaunchSliceFinish(
+        MakeSliceFinishArgs(problem_, block, stats_, row_max_, row_stats_, lse_,
+                            row_loss_, target_logprob_),
+        main_));
+    return absl::OkStatus();
+  }
+  if (block.mode == CeMode::kSliceStats) {
+    if (!block.logits_ready)
+      RETURN_IF_ERROR(ComputeLogits(block, block.row_begin, block.row_end));
+    CUDA_RETURN_IF_ERROR(LaunchSliceStats(
+        MakeSliceStatsArgs(problem_, block, logits_, row_max_, row_stats_),
+        main_));
+    return absl::OkStatus();
+  }
   const int64_t rows = block.row_end - block.row_begin;
   // Two halves when there is a second stream and enough rows for two GEMMs of
   // full tiles.
@@ -262,7 +284,7 @@ absl::Status CudaBackend::RunBlock(const Block& block) {
       parts == 2 ? block.row_begin + (rows / 2 + 63) / 64 * 64 : block.row_end,
       block.row_end};
   cudaStream_t ce_stream = side_ != nullptr ? side_ : main_;
-  for (int p = 0; p < parts; ++p) {
+  for (int p = 0; p < parts && !block.logits_ready; ++p) {
     RETURN_IF_ERROR(ComputeLogits(block, split[p], split[p + 1]));
     if (side_ != nullptr)
       CUDA_RETURN_IF_ERROR(cudaEventRecord(logits_ready_[p], main_));
@@ -370,9 +392,11 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
   return absl::OkStatus();
 }
 
-// d_hidden[rows] = dlogits[rows, V] @ weight[V, H], as the column-major
-// D[H, rows] = weight(op N of [H, V]) @ dlogits(op N of [V, rows]). Written
-// once.
+// d_hidden[rows] (+)= dlogits[rows, cols] @ weight[cols, H], as the
+// column-major D[H, rows] = weight(op N of [H, cols]) @ dlogits(op N of
+// [cols, rows]): written once over whole rows; vocabulary slices add up in
+// d_hidden itself (f32) or in the fp32 accumulator, rounded into d_hidden
+// after the rows' last slice.
 absl::Status CudaBackend::DHidden(const Block& block, int64_t row_begin,
                                   int64_t row_end) {
   const Tensor& weight = problem_.inputs->weight;
@@ -384,13 +408,33 @@ absl::Status CudaBackend::DHidden(const Block& block, int64_t row_begin,
             weight.effective_row_stride(),  CUBLAS_OP_N};
   call.b = {Logits(block, row_begin), type,       cols, row_end - row_begin,
             DlogitsLd(block),         CUBLAS_OP_N};
-  call.d = const_cast<char*>(RowOf(d_hidden, row_begin));
-  call.d_type = CudaType(d_hidden.dtype);
+  char* d_hidden_rows = const_cast<char*>(RowOf(d_hidden, row_begin));
+  if (d_hidden_acc_ != nullptr) {
+    call.d = d_hidden_acc_ + (row_begin - block.row_begin) * problem_.hidden;
+    call.d_type = CUDA_R_32F;
+    call.ld_d = problem_.hidden;
+  } else {
+    call.d = d_hidden_rows;
+    call.d_type = CudaType(d_hidden.dtype);
+    call.ld_d = d_hidden.effective_row_stride();
+  }
   call.m = problem_.hidden;
   call.n = row_end - row_begin;
-  call.ld_d = d_hidden.effective_row_stride();
   call.alpha = 1.0f / scale_;
-  return gemm_->Run(call, main_);
+  call.beta = block.d_hidden_accumulate ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(gemm_->Run(call, main_));
+  if (d_hidden_acc_ != nullptr && block.d_hidden_done) {
+    ConvertArgs round;
+    round.src = call.d;
+    round.src_ld = problem_.hidden;
+    round.dst = d_hidden_rows;
+    round.dst_type = d_hidden.dtype;
+    round.dst_ld = d_hidden.effective_row_stride();
+    round.rows = row_end - row_begin;
+    round.cols = problem_.hidden;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(round, main_));
+  }
+  return absl::OkStatus();
 }
 
 // d_weight[cols] (+)= dlogits[rows, cols]^T @ hidden[rows], as the column-major

@@ -14,6 +14,11 @@ namespace lce {
 // One block per row; args.stats, lse, targets and weights in device memory.
 cudaError_t LaunchSliceBackward(const SliceArgs& args, cudaStream_t stream);
 
+// One block per row: merges a slice into the rows' statistics.
+cudaError_t LaunchSliceStats(const SliceStatsArgs& args, cudaStream_t stream);
+// One thread per row.
+cudaError_t LaunchSliceFinish(const SliceFinishArgs& args, cudaStream_t stream);
+
 cudaError_t LaunchConvert(const ConvertArgs& args, cudaStream_t stream);
 
 }  // namespace lce

@@ -11,9 +11,13 @@
 // - CE: the cross-entropy kernel on the block, writing dlogits in place in the
 //   operand dtype (whole rows: cross_entropy_cuda.h / cross_entropy_cpu.h; a
 //   vocabulary slice: SliceBackward of linear_cross_entropy_kernels.h);
-// - G2 (whole rows only): d_hidden[rows] = dlogits @ weight, written once;
+// - G2: d_hidden[rows] (+)= dlogits @ weight[cols] (written once over whole
+//   rows; the kVocabSlices schedule accumulates the slices in fp32);
 // - G3: d_weight[cols] (+)= dlogits^T @ hidden[rows] and
 //   d_bias[cols] (+)= the column sums of dlogits, accumulated in fp32.
+// The kVocabSlices schedule's first sweep runs G1 and a statistics kernel per
+// slice (CeMode::kSliceStats), then finishes the rows' loss and lse
+// (kSliceFinish, no GEMM).
 #ifndef LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
 #define LOSSRT_LOSS_LINEAR_CROSS_ENTROPY_INTERNAL_H_
 
@@ -26,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy.h"
+#include "loss/linear_cross_entropy_kernels.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -86,12 +91,16 @@ struct PlanInput {
       false;  // the caller asked for target_logprob: [N] floats of its own
   // The entropy's gradient: the fused pass keeps to token chunks.
   bool entropy_gradient = false;
+  // entropy_weight != 0, or extras that need whole rows (predicted, accuracy,
+  // entropy): no kVocabSlices.
+  bool whole_row_statistics = false;
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
 
 struct Plan {
-  // kTokenChunks or kTwoPass (the forward pass always runs token chunks).
+  // kTokenChunks, kTwoPass or kVocabSlices (the forward pass runs token
+  // chunks or vocabulary slices).
   LinearCrossEntropySchedule schedule =
       LinearCrossEntropySchedule::kTokenChunks;
   // Token chunks: rows per chunk (the last may be shorter) and the buffer's row
@@ -100,8 +109,9 @@ struct Plan {
   int64_t chunk_rows = 0;
   int64_t num_chunks = 0;
   int64_t chunk_ld = 0;
-  // Vocabulary slices of the two-pass schedule: columns per slice and row
-  // stride (floats).
+  // Token chunks of kVocabSlices: rows per token block (chunk_rows,
+  // num_chunks). Vocabulary slices of the two-pass and kVocabSlices
+  // schedules: columns per slice and row stride (floats).
   int64_t slice_cols = 0;
   int64_t num_slices = 0;
   int64_t slice_ld = 0;
@@ -126,7 +136,13 @@ struct Plan {
   int64_t ones_offset =
       -1;  // [N] ones in the operand dtype: d_bias as a GEMV (CUDA)
   int64_t stats_offset = 0;  // ce::TargetStats
-  int64_t block_bytes = 0;   // bytes allocated from the context's allocator
+  // kVocabSlices: the rows' running max (fp32 [N]) and statistics (f64
+  // [N, kStats], linear_cross_entropy_kernels.h); an fp32 [chunk_rows, H]
+  // d_hidden accumulator when d_hidden is 16-bit and the slices are several.
+  int64_t row_max_offset = -1;
+  int64_t row_stats_offset = -1;
+  int64_t d_hidden_acc_offset = -1;
+  int64_t block_bytes = 0;  // bytes allocated from the context's allocator
   int64_t gemm_workspace_bytes =
       0;                    // share of the context's cuBLASLt workspace used
   int64_t total_bytes = 0;  // block_bytes + gemm_workspace_bytes <= the budget
@@ -148,6 +164,8 @@ enum class CeMode {
   kBackward,  // dlogits of full rows from the saved lse (ce::LaunchBackward)
   kSliceBackward,  // dlogits of a vocabulary slice from the saved lse
                    // (SliceBackward)
+  kSliceStats,     // a slice merged into its rows' statistics (SliceStats)
+  kSliceFinish,    // the rows' loss and lse from their statistics (no GEMM)
 };
 
 struct Block {
@@ -157,11 +175,20 @@ struct Block {
   int64_t col_end = 0;
   int64_t ld = 0;  // row stride of the block's logits in the buffer (floats)
   CeMode mode = CeMode::kForward;
-  bool d_hidden =
-      false;  // G2 into d_hidden[rows] (the block spans the whole vocabulary)
+  bool d_hidden = false;  // G2 into d_hidden[rows]
   bool d_weight =
       false;  // G3 into d_weight[cols] and, with a bias, d_bias[cols]
-  bool accumulate = false;  // G3 adds to what earlier blocks wrote
+  // G3 adds to what earlier blocks wrote; kSliceStats: merges into the rows'
+  // statistics of earlier slices.
+  bool accumulate = false;
+  // kVocabSlices: the buffer still holds this block's logits (the first
+  // sweep's last slice): no G1.
+  bool logits_ready = false;
+  // kVocabSlices: G2 adds to the d_hidden rows of earlier slices, and after
+  // this block's G2 the rows are done (the fp32 accumulator, if any, is
+  // rounded into d_hidden).
+  bool d_hidden_accumulate = false;
+  bool d_hidden_done = false;
 };
 
 // The blocks of a plan, in execution order.
@@ -195,12 +222,26 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const Problem& problem,
 void SetChunkExtras(const Problem& problem, int64_t row, float* row_hit,
                     ce::RowArgs& args);
 
-// [N] where the two-pass schedule's first pass writes the targets'
-// log-probabilities for its slices: the caller's target_logprob when it asked
-// for one, else `workspace` (the plan's target_logprob_offset); null for the
+// [N] where the two-pass schedule's first pass, or the kVocabSlices
+// schedule's finish, writes the targets' log-probabilities for the slices'
+// gradient: `workspace` (the plan's target_logprob_offset) when the plan has
+// one, else the caller's target_logprob when it asked for one; null for the
 // token-chunk schedule and the split backward, which need none.
-float* TwoPassTargetLogprob(const Problem& problem, const Plan& plan,
-                            float* workspace);
+float* SliceTargetLogprob(const Problem& problem, const Plan& plan,
+                          float* workspace);
+
+// The kernel arguments of a kSliceStats or kSliceFinish block (both backends).
+// The [N] arrays are the call's (row 0); `logits` is the buffer holding the
+// block's slice; `row_loss` is the plan's [N] per-token losses, replaced by
+// the caller's loss with the reduction none.
+SliceStatsArgs MakeSliceStatsArgs(const Problem& problem, const Block& block,
+                                  const float* logits, float* row_max,
+                                  double* row_stats);
+SliceFinishArgs MakeSliceFinishArgs(const Problem& problem, const Block& block,
+                                    const ce::TargetStats* stats,
+                                    const float* row_max,
+                                    const double* row_stats, float* lse,
+                                    float* row_loss, float* target_logprob);
 
 // Power-of-two factor by which 16-bit f16 dlogits are scaled to stay clear of
 // underflow (the mean divides them by up to N): 1 for bf16 and f32, and for

@@ -1,6 +1,7 @@
 // CUDA kernels of the linear cross-entropy: the gradient of a vocabulary slice
 // of the logits (written in place over the fp32 logits, possibly as 16-bit
-// values) and dtype conversions.
+// values), the row statistics merged over slices and finished into the loss,
+// and dtype conversions.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -109,6 +110,91 @@ __global__ void SliceBackwardKernel(SliceArgs args) {
   }
 }
 
+// (max, sum of exp(z - max)) pairs combined: the sums rescaled to the larger
+// max (a -inf max has sum 0 and contributes nothing).
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  const float max = fmaxf(a.max, b.max);
+  if (max == -INFINITY) return {max, 0.0f};
+  return {max, a.sum * __expf(a.max - max) + b.sum * __expf(b.max - max)};
+}
+
+// One block per row of the slice. Each thread keeps an online (max, sum) over
+// its columns, rescaling its sum when its max grows, so that the logits are
+// read once; then the block combines the threads' pairs and one thread merges
+// the slice's values into the row's running statistics.
+__global__ void SliceStatsKernel(SliceStatsArgs args) {
+  const int64_t row = blockIdx.x;
+  const float* x = args.logits + row * args.ld;  // [cols]
+  const int64_t skip =
+      SliceTargetColumn(args.targets, args.targets_i64, row, args.ignore_index,
+                        args.col_begin, args.cols);
+  MaxSum local = {-INFINITY, 0.0f};
+  double smooth = 0.0;
+  auto take = [&](float logit, int64_t j) {
+    const float z = SoftcapLogit(logit, args.softcap);
+    if (z > local.max) {
+      local.sum =
+          local.max == -INFINITY ? 0.0f : local.sum * __expf(local.max - z);
+      local.max = z;
+    }
+    if (j != skip && z != -INFINITY) local.sum += __expf(z - local.max);
+    if (args.smoothing) {
+      const float w = args.class_weights != nullptr
+                          ? args.class_weights[args.col_begin + j]
+                          : 1.0f;
+      smooth += static_cast<double>(w) * z;
+    }
+  };
+  for (int64_t j0 = static_cast<int64_t>(threadIdx.x) * kPerThread;
+       j0 < args.cols; j0 += kTile) {
+    if (j0 + kPerThread <= args.cols) {
+      const float4 v = *reinterpret_cast<const float4*>(x + j0);
+      take(v.x, j0);
+      take(v.y, j0 + 1);
+      take(v.z, j0 + 2);
+      take(v.w, j0 + 3);
+    } else {
+      for (int64_t j = j0; j < args.cols; ++j) take(x[j], j);
+    }
+  }
+  // Warps, then the block's warps through shared memory.
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const MaxSum other = {__shfl_xor_sync(0xffffffffu, local.max, offset),
+                          __shfl_xor_sync(0xffffffffu, local.sum, offset)};
+    local = Combine(local, other);
+    smooth += __shfl_xor_sync(0xffffffffu, smooth, offset);
+  }
+  __shared__ MaxSum warp_pairs[kThreads / 32];
+  __shared__ double warp_smooth[kThreads / 32];
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    warp_pairs[warp] = local;
+    warp_smooth[warp] = smooth;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  MaxSum total = warp_pairs[0];
+  double smooth_total = warp_smooth[0];
+  for (int w = 1; w < kThreads / 32; ++w) {
+    total = Combine(total, warp_pairs[w]);
+    smooth_total += warp_smooth[w];
+  }
+  const double target_z = skip >= 0 ? SoftcapLogit(x[skip], args.softcap) : 0.0;
+  MergeSliceStats(args.merge, total.max, total.sum, skip >= 0, target_z,
+                  smooth_total, args.row_max + row,
+                  args.row_stats + row * kStats);
+}
+
+__global__ void SliceFinishKernel(SliceFinishArgs args) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < args.rows) FinishSliceRow(args, i);
+}
+
 // One block per row, threads striding over the columns.
 __global__ void ConvertKernel(ConvertArgs args) {
   const int64_t row = blockIdx.x;
@@ -132,6 +218,27 @@ cudaError_t LaunchSliceBackward(const SliceArgs& args, cudaStream_t stream) {
   }
   SliceBackwardKernel<<<static_cast<unsigned>(args.rows), kThreads, 0,
                         stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSliceStats(const SliceStatsArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.cols == 0) return cudaSuccess;
+  if (args.ld % 4 != 0 || reinterpret_cast<uintptr_t>(args.logits) % 16 != 0 ||
+      args.rows > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  SliceStatsKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(
+      args);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSliceFinish(const SliceFinishArgs& args,
+                              cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  const int64_t blocks = (args.rows + kThreads - 1) / kThreads;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  SliceFinishKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      args);
   return cudaGetLastError();
 }
 

@@ -1,9 +1,9 @@
 // The linear cross-entropy's own kernels, shared by the CPU twins
 // (linear_cross_entropy_cpu.cc) and the CUDA kernels
 // (linear_cross_entropy_kernels.cu): the gradient of a vocabulary slice of the
-// logits and dtype conversions. Internal to //loss: plain pointers, no CUDA
-// types; the per-element math is inline here so that both sides run the same
-// code.
+// logits, the row statistics merged over slices, and dtype conversions.
+// Internal to //loss: plain pointers, no CUDA types; the per-element math is
+// inline here so that both sides run the same code.
 //
 // Why a slice kernel of its own: ce::RowArgs describes whole rows (its `vocab`
 // is both the row length and the V of the label smoothing, and targets index
@@ -63,6 +63,159 @@ struct SliceArgs {
   const float* target_logprob = nullptr;
 };
 
+// Row statistics over vocabulary slices (the kVocabSlices schedule), merged
+// slice by slice into per-row running values: row_max[i] = M, the max of the
+// soft-capped logits z seen so far, and row_stats[i] (f64):
+//   [kStatRest]   sum of exp(z_j - M) over the columns seen but the target's;
+//   [kStatTarget] z_t once the target's slice has been seen (NaN before, and
+//                 for ignored rows, whose target column counts in the rest);
+//   [kStatSmooth] sum of w_j z_j (label smoothing only).
+// The target's term stays out of the rest for the reason the cross-entropy's
+// row kernels keep it out of their block sums: when p_t is near 1 it would
+// swallow the low bits of the others, of which 1 - p_t is made.
+constexpr int kStatRest = 0;
+constexpr int kStatTarget = 1;
+constexpr int kStatSmooth = 2;
+constexpr int kStats = 3;
+
+struct SliceStatsArgs {
+  // [rows, cols] fp32 logits (not soft-capped), row stride ld floats; read
+  // only.
+  const float* logits = nullptr;
+  int64_t ld = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t col_begin = 0;
+  const void* targets = nullptr;  // [rows]
+  bool targets_i64 = true;
+  int64_t ignore_index = -100;
+  float softcap = 0.0f;
+  const float* class_weights = nullptr;  // [vocab] or null
+  bool smoothing = false;                // accumulate kStatSmooth
+  bool merge = false;        // false: the rows' first slice starts the values
+  float* row_max = nullptr;  // [rows]
+  double* row_stats = nullptr;  // [rows, kStats]
+};
+
+// Each row's lse, loss (as ce::RowArgs::row_loss: divided by the mean's
+// denominators when kMean) and target log-probability from its statistics
+// after the last slice. Same definitions as the cross-entropy
+// (loss/cross_entropy.h); ignored rows get loss 0 and target_logprob 0, an
+// out-of-range target (validate_targets off) a NaN loss.
+struct SliceFinishArgs {
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  const void* targets = nullptr;  // [rows]
+  bool targets_i64 = true;
+  int64_t ignore_index = -100;
+  float label_smoothing = 0.0f;
+  float z_loss = 0.0f;
+  const float* class_weights = nullptr;  // [vocab] or null
+  int reduction = ce::kMean;
+  const ce::TargetStats* stats = nullptr;  // device memory for the CUDA kernel
+  const float* row_max = nullptr;          // [rows]
+  const double* row_stats = nullptr;       // [rows, kStats]
+  float* lse = nullptr;                    // [rows] or null
+  float* row_loss = nullptr;               // [rows] or null
+  float* target_logprob = nullptr;         // [rows] or null
+};
+
+LCE_HOST_DEVICE inline float SoftcapLogit(float x, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
+}
+
+// The column of the target inside a slice of `cols` columns from `col_begin`,
+// or -1 (ignored, elsewhere, out of range).
+LCE_HOST_DEVICE inline int64_t SliceTargetColumn(const void* targets,
+                                                 bool targets_i64, int64_t row,
+                                                 int64_t ignore_index,
+                                                 int64_t col_begin,
+                                                 int64_t cols) {
+  const int64_t target = targets_i64
+                             ? static_cast<const int64_t*>(targets)[row]
+                             : static_cast<const int32_t*>(targets)[row];
+  if (target == ignore_index) return -1;
+  const int64_t local = target - col_begin;
+  return local >= 0 && local < cols ? local : -1;
+}
+
+// Merges one slice's values of a row (its max m, rest relative to m, the
+// target's z or NaN when the target is not in the slice, the smoothing sum)
+// into the row's running statistics.
+LCE_HOST_DEVICE inline void MergeSliceStats(bool merge, float m, double rest,
+                                            bool has_target, double target_z,
+                                            double smooth, float* row_max,
+                                            double* stats) {
+  if (!merge) {
+    *row_max = m;
+    stats[kStatRest] = rest;
+    stats[kStatTarget] = has_target ? target_z : NAN;
+    stats[kStatSmooth] = smooth;
+    return;
+  }
+  const float old_max = *row_max;
+  const float new_max = old_max > m ? old_max : m;
+  // exp(-inf - finite) = 0; both -inf (rows of -inf logits so far): nothing.
+  const double scale_old =
+      old_max == new_max ? 1.0 : exp(static_cast<double>(old_max) - new_max);
+  const double scale_new =
+      m == new_max ? 1.0 : exp(static_cast<double>(m) - new_max);
+  *row_max = new_max;
+  stats[kStatRest] = stats[kStatRest] * scale_old + rest * scale_new;
+  if (has_target) stats[kStatTarget] = target_z;
+  stats[kStatSmooth] += smooth;
+}
+
+// Row i of SliceFinishArgs.
+LCE_HOST_DEVICE inline void FinishSliceRow(const SliceFinishArgs& args,
+                                           int64_t i) {
+  const int64_t target = args.targets_i64
+                             ? static_cast<const int64_t*>(args.targets)[i]
+                             : static_cast<const int32_t*>(args.targets)[i];
+  const bool ignored = target == args.ignore_index;
+  const double max = args.row_max[i];
+  const double* stats = args.row_stats + i * kStats;
+  const double target_z = stats[kStatTarget];
+  // ignored: the target's column is in the rest; else NaN (out of range) or
+  // the target's term.
+  const double target_term = ignored ? 0.0 : exp(target_z - max);
+  const double log_sum = log(stats[kStatRest] + target_term);
+  const double lse = max + log_sum;
+  if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse);
+  if (ignored) {
+    if (args.row_loss != nullptr) args.row_loss[i] = 0.0f;
+    if (args.target_logprob != nullptr) args.target_logprob[i] = 0.0f;
+    return;
+  }
+  // lse - z_t as (max - z_t) + log S, as the row kernels: exact max - z_t.
+  const double nll = (max - target_z) + log_sum;
+  if (args.target_logprob != nullptr)
+    args.target_logprob[i] = static_cast<float>(-nll);
+  if (args.row_loss == nullptr) return;
+  const bool valid = target >= 0 && target < args.vocab;
+  const double w_t = !valid ? NAN
+                     : args.class_weights != nullptr
+                         ? args.class_weights[target]
+                         : 1.0;
+  const double weight_total = args.stats->weight_total;
+  // A zero denominator (no counted token, or only zero-weight ones)
+  // contributes 0.
+  const double ce_den = args.stats->ce_denominator;
+  const double z_den = args.stats->z_denominator;
+  const double mean_ce = ce_den > 0 ? 1.0 / ce_den : 0.0;
+  const double mean_z = z_den > 0 ? 1.0 / z_den : 0.0;
+  const double s = args.label_smoothing;
+  double ce = (1.0 - s) * w_t * nll;
+  if (s > 0.0) {
+    // sum_j w_j (lse - z_j) = W log S + (W max - sum_j w_j z_j).
+    ce += s / static_cast<double>(args.vocab) *
+          (weight_total * log_sum + (weight_total * max - stats[kStatSmooth]));
+  }
+  const double zl = args.z_loss > 0.0f ? args.z_loss * lse * lse : 0.0;
+  args.row_loss[i] = static_cast<float>(
+      args.reduction == ce::kMean ? ce * mean_ce + zl * mean_z : ce + zl);
+}
+
 // dst[i, j] = scale * src[i, j] with conversion (src null: dst = scale).
 struct ConvertArgs {
   const void* src =
@@ -78,6 +231,8 @@ struct ConvertArgs {
 };
 
 void SliceBackwardCpu(const SliceArgs& args);
+void SliceStatsCpu(const SliceStatsArgs& args);
+void SliceFinishCpu(const SliceFinishArgs& args);
 void ConvertCpu(const ConvertArgs& args);
 
 // Per-row constants of the slice gradient. With p_j = exp(z_j - lse), the

@@ -105,10 +105,14 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
     return InvalidArgument("max_workspace_bytes must be positive, got ",
                            options.max_workspace_bytes);
   }
-  if (options.schedule == LinearCrossEntropySchedule::kTwoPass) {
+  if (options.schedule == LinearCrossEntropySchedule::kTwoPass ||
+      options.schedule == LinearCrossEntropySchedule::kVocabSlices) {
     return InvalidArgument(
         "vocabulary-parallel linear cross-entropy: only the token-chunk "
-        "schedule is offered, not kTwoPass");
+        "schedule is offered, not ",
+        options.schedule == LinearCrossEntropySchedule::kTwoPass
+            ? "kTwoPass"
+            : "kVocabSlices");
   }
   return ce::CheckCrossEntropyOptions(options.cross_entropy, v, context);
 }

@@ -35,9 +35,9 @@
 // label_smoothing, z_loss, softcap, entropy_weight, class_weights,
 // validate_targets), with the single-device op's restrictions
 // (entropy_weight != 0 is refused by the split backward). The schedule is
-// always token chunks (kTwoPass is refused); chunks of tokens are as large as
-// max_workspace_bytes allows on the rank with the largest slice. The extras
-// (CrossEntropyExtras) are not offered.
+// always token chunks (kTwoPass and kVocabSlices are refused); chunks of tokens
+// are as large as max_workspace_bytes allows on the rank with the largest
+// slice. The extras (CrossEntropyExtras) are not offered.
 //
 // Errors: InvalidArgument with nothing written. Every rank takes part in one
 // exchange of a validity flag (an all-gather) before anything is written, so a

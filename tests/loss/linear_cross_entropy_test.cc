@@ -298,6 +298,64 @@ std::vector<Scenario> Scenarios() {
   all.push_back(s);
 
   s = Scenario();
+  s.name = "everything_vocab_slices_small";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.softcap = 5.0f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kVocabSlices;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "vocab_slices_none_padded";
+  s.reduction = Reduction::kNone;
+  s.pad = 3;
+  s.targets_i32 = true;
+  s.d_hidden_f32 = true;
+  s.bias = BiasKind::kF32;
+  s.schedule = S::kVocabSlices;
+  s.smallest_budget = true;
+  s.n = 45;
+  s.v = 301;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "vocab_slices_mean_weights";
+  s.class_weights = true;
+  s.smoothing = 0.1f;
+  s.ignore_fraction = 0.2;
+  s.schedule = S::kVocabSlices;
+  s.n = 130;
+  s.v = 1001;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "vocab_slices_blocks_16bit_gradients";
+  s.n = 130;
+  s.v = 20;
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kVocabSlices;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "one_token_vocab_slices";
+  s.n = 1;
+  s.h = 16;
+  s.v = 50;
+  s.schedule = S::kVocabSlices;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
   s.name = "tiny_vocab";
   s.n = 9;
   s.h = 8;
@@ -552,6 +610,20 @@ class Harness {
   const DType dtype_;
 };
 
+// The schedule's name in test names and traces.
+std::string ScheduleTestName(LinearCrossEntropySchedule schedule) {
+  switch (schedule) {
+    case LinearCrossEntropySchedule::kTokenChunks:
+      return "token_chunks";
+    case LinearCrossEntropySchedule::kTwoPass:
+      return "two_pass";
+    case LinearCrossEntropySchedule::kVocabSlices:
+      return "vocab_slices";
+    default:
+      return "auto";
+  }
+}
+
 // The smallest budget (to 1/64) that MakePlan accepts for `input`.
 int64_t SmallestBudget(lce::PlanInput input) {
   int64_t high = 4096;
@@ -601,6 +673,14 @@ void ExpectWrittenExactly(const Array& array, const std::string& what) {
   EXPECT_EQ(unwritten, 0) << what << ": elements left unwritten";
   EXPECT_EQ(bad, 0) << what << ": non-finite elements";
   EXPECT_EQ(padding_touched, 0) << what << ": row padding written";
+}
+
+// Every element (padding included) still poisoned.
+void ExpectAllPoison(const Array& array, const std::string& what) {
+  int64_t written = 0;
+  for (int64_t k = 0; k < array.Span(); ++k)
+    written += !IsPoison(array.dtype, array.host, k);
+  EXPECT_EQ(written, 0) << what << ": elements written";
 }
 
 double GradientTolerance(DType dtype) {
@@ -695,7 +775,13 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
                             h.options.max_workspace_bytes));
   if (s.smallest_budget) {
     // Many chunks, whose boundaries do not all divide N (or V).
-    if (plan->schedule == LinearCrossEntropySchedule::kTwoPass) {
+    if (plan->schedule == LinearCrossEntropySchedule::kVocabSlices) {
+      // Token blocks or slices (the cheaper to hold: a 16-bit d_weight's
+      // fp32 accumulator [V, H] comes with several blocks).
+      if (s.n >= 8) {
+        EXPECT_GE(plan->num_chunks * plan->num_slices, 3);
+      }
+    } else if (plan->schedule == LinearCrossEntropySchedule::kTwoPass) {
       // (With one token, a row of logits that fits holds every slice.)
       if (s.n >= 8) {
         EXPECT_GE(plan->num_slices, std::min<int64_t>(3, (s.v + 7) / 8));
@@ -787,6 +873,80 @@ INSTANTIATE_TEST_SUITE_P(Ops, LinearCrossEntropyCaseTest,
 // ---------------------------------------------------------------------------------------
 // Plans.
 
+// kVocabSlices: token blocks tile [0, N) in order; each is swept over slices
+// that tile [0, V), forwards for the statistics (then the finish), backwards
+// for the gradients, with the accumulation flags each step needs; the
+// accumulators it needs are planned, and the last regions end in the block.
+void ExpectVocabSliceBlocks(const lce::PlanInput& in, const lce::Plan& plan) {
+  const bool stats = in.pass != lce::Pass::kBackward;
+  const bool backward = in.pass != lce::Pass::kForward;
+  const std::vector<lce::Block> blocks = lce::MakeBlocks(in, plan);
+  EXPECT_EQ(static_cast<int64_t>(blocks.size()),
+            plan.num_chunks * ((stats ? plan.num_slices + 1 : 0) +
+                               (backward ? plan.num_slices : 0)));
+  EXPECT_GE(plan.slice_cols, 1);
+  EXPECT_EQ(plan.slice_ld % 8, 0);
+  size_t k = 0;
+  int64_t next_row = 0;
+  while (k < blocks.size()) {
+    const int64_t row_begin = blocks[k].row_begin;
+    const int64_t row_end = blocks[k].row_end;
+    EXPECT_EQ(row_begin, next_row);
+    EXPECT_GT(row_end, row_begin);
+    EXPECT_LE((row_end - row_begin) * plan.slice_ld * 4, plan.logits_bytes);
+    next_row = row_end;
+    if (stats) {
+      int64_t next_col = 0;
+      for (int64_t s = 0; s < plan.num_slices; ++s, ++k) {
+        const lce::Block& b = blocks[k];
+        EXPECT_EQ(b.mode, lce::CeMode::kSliceStats);
+        EXPECT_EQ(b.row_begin, row_begin);
+        EXPECT_EQ(b.col_begin, next_col);
+        EXPECT_LE(b.col_end - b.col_begin, b.ld);
+        EXPECT_EQ(b.accumulate, s > 0);
+        next_col = b.col_end;
+      }
+      EXPECT_EQ(next_col, in.vocab);
+      EXPECT_EQ(blocks[k].mode, lce::CeMode::kSliceFinish);
+      ++k;
+    }
+    if (backward) {
+      int64_t next_end = in.vocab;
+      for (int64_t s = 0; s < plan.num_slices; ++s, ++k) {
+        const lce::Block& b = blocks[k];
+        EXPECT_EQ(b.mode, lce::CeMode::kSliceBackward);
+        EXPECT_EQ(b.row_begin, row_begin);
+        EXPECT_EQ(b.row_end, row_end);
+        EXPECT_EQ(b.col_end, next_end);
+        EXPECT_LE(b.col_end - b.col_begin, b.ld);
+        EXPECT_EQ(b.logits_ready, stats && s == 0);
+        EXPECT_TRUE(b.d_hidden && b.d_weight);
+        EXPECT_EQ(b.d_hidden_accumulate, s > 0);
+        EXPECT_EQ(b.d_hidden_done, s == plan.num_slices - 1);
+        EXPECT_EQ(b.accumulate, row_begin > 0);
+        next_end = b.col_begin;
+      }
+      EXPECT_EQ(next_end, 0);
+    }
+  }
+  EXPECT_EQ(next_row, in.tokens);
+  if (backward && in.d_hidden_type != DType::kF32 && plan.num_slices > 1) {
+    ASSERT_GE(plan.d_hidden_acc_offset, 0);
+    EXPECT_LE(plan.d_hidden_acc_offset + 4 * plan.chunk_rows * in.hidden,
+              plan.block_bytes);
+  }
+  if (backward && in.d_weight_type != DType::kF32 && plan.num_chunks > 1) {
+    ASSERT_GE(plan.d_weight_acc_offset, 0);
+    EXPECT_LE(plan.d_weight_acc_offset + 4 * in.vocab * in.hidden,
+              plan.block_bytes);
+  }
+  if (stats) {
+    ASSERT_GE(plan.row_stats_offset, 0);
+    EXPECT_LE(plan.row_stats_offset + 8 * lce::kStats * in.tokens,
+              plan.block_bytes);
+  }
+}
+
 TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
   std::mt19937_64 rng(test::TestSeed());
   auto pick = [&](int64_t low, int64_t high) {
@@ -811,7 +971,7 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     in.lse_given = in.pass == lce::Pass::kBackward || pick(0, 1);
     in.max_workspace_bytes = int64_t{1} << pick(10, 33);
     in.max_workspace_bytes += pick(0, in.max_workspace_bytes);
-    in.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 2));
+    in.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 3));
     const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
     if (!plan.ok()) {
       EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
@@ -829,11 +989,17 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     for (int64_t offset :
          {plan->stats_offset, plan->row_loss_offset, plan->lse_offset,
           plan->grad_scale_offset, plan->bias_offset, plan->ones_offset,
-          plan->d_bias_acc_offset, plan->d_weight_acc_offset}) {
+          plan->d_bias_acc_offset, plan->d_weight_acc_offset,
+          plan->row_max_offset, plan->row_stats_offset,
+          plan->d_hidden_acc_offset, plan->target_logprob_offset}) {
       if (offset < 0) continue;
       EXPECT_EQ(offset % 256, 0);
       EXPECT_GE(offset, plan->logits_bytes);
       EXPECT_LE(offset, plan->block_bytes);
+    }
+    if (plan->schedule == LinearCrossEntropySchedule::kVocabSlices) {
+      ExpectVocabSliceBlocks(in, *plan);
+      continue;
     }
     if (in.pass != lce::Pass::kForward && in.d_weight_type != DType::kF32 &&
         plan->schedule == LinearCrossEntropySchedule::kTokenChunks &&
@@ -984,7 +1150,8 @@ TEST_P(LinearCrossEntropyTest, NoTokensGiveZeroLossAndGradients) {
 TEST_P(LinearCrossEntropyTest, AllIgnoredGivesZeroLossAndGradients) {
   for (LinearCrossEntropySchedule schedule :
        {LinearCrossEntropySchedule::kTokenChunks,
-        LinearCrossEntropySchedule::kTwoPass}) {
+        LinearCrossEntropySchedule::kTwoPass,
+        LinearCrossEntropySchedule::kVocabSlices}) {
     Scenario s;
     s.ignore_fraction = 1.0;
     s.bias = BiasKind::kF32;
@@ -1155,7 +1322,8 @@ TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
 TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
   for (LinearCrossEntropySchedule schedule :
        {LinearCrossEntropySchedule::kTokenChunks,
-        LinearCrossEntropySchedule::kTwoPass}) {
+        LinearCrossEntropySchedule::kTwoPass,
+        LinearCrossEntropySchedule::kVocabSlices}) {
     for (bool weighted_sum : {false, true}) {
       Scenario s;
       s.n = 8;
@@ -1167,10 +1335,9 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
         s.reduction = Reduction::kSum;
         s.class_weights = true;
       }
-      SCOPED_TRACE(absl::StrCat(
-          schedule == LinearCrossEntropySchedule::kTwoPass ? "two-pass"
-                                                           : "token chunks",
-          weighted_sum ? ", class weights, sum" : ", mean"));
+      SCOPED_TRACE(
+          absl::StrCat(ScheduleTestName(schedule),
+                       weighted_sum ? ", class weights, sum" : ", mean"));
       Data data = MakeData(s, DType::kF32, test::TestSeed());
       constexpr int64_t kCertain = 7;
       for (int64_t& target : data.targets) target = kCertain;
@@ -1192,6 +1359,72 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
       EXPECT_NEAR(h.d_bias.Get(kCertain), e.d_bias[kCertain],
                   1e-5 * std::fabs(e.d_bias[kCertain]));
     }
+  }
+}
+
+// kVocabSlices computes target_logprob (z_t - lse, 0 for ignored tokens) from
+// the merged statistics, on the forward and the fused pass, and refuses the
+// extras and the entropy term that need whole rows: InvalidArgument, nothing
+// written.
+TEST_P(LinearCrossEntropyTest, VocabSlicesTargetLogprobAndRefusedExtras) {
+  Scenario s;
+  s.n = 40;
+  s.v = 260;
+  s.softcap = 4.0f;
+  s.logit_scale = 2.0;
+  s.class_weights = true;
+  s.ignore_fraction = 0.2;
+  s.schedule = LinearCrossEntropySchedule::kVocabSlices;
+  const Data data = MakeData(s, DType::kF32, test::TestSeed());
+  Harness h(s, DType::kF32);
+  ASSERT_OK(h.Init(device(), data));
+  h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+  Context& context = h.context();
+  ASSERT_OK_AND_ASSIGN(Array logprob, MakeArray(context, DType::kF32, {s.n}));
+  ASSERT_OK_AND_ASSIGN(Array predicted, MakeArray(context, DType::kI64, {s.n}));
+  const ReferenceResult r = ReferenceOnLogits(s, data, {});
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "forward");
+    ASSERT_OK(h.PoisonOutputs());
+    ASSERT_OK(PoisonArray(context, logprob));
+    CrossEntropyExtras extras;
+    extras.target_logprob = logprob.view;
+    ASSERT_OK(
+        fused ? LinearCrossEntropyForwardBackward(context, h.inputs, h.options,
+                                                  h.loss.view, &h.lse.view,
+                                                  h.gradients, nullptr, &extras)
+              : LinearCrossEntropyForward(context, h.inputs, h.options,
+                                          h.loss.view, &h.lse.view, &extras));
+    ASSERT_OK(h.DownloadOutputs());
+    ASSERT_OK(Download(context, logprob));
+    for (int64_t i = 0; i < s.n; ++i) {
+      if (data.targets[i] == kIgnore) {
+        EXPECT_EQ(logprob.Get(i), 0.0) << i;
+        continue;
+      }
+      const double want = r.target_logprob[i];
+      EXPECT_NEAR(logprob.Get(i), want, 1e-5 * std::fabs(want) + 1e-6) << i;
+    }
+  }
+  for (bool entropy_weight : {false, true}) {
+    ASSERT_OK(h.PoisonOutputs());
+    ASSERT_OK(PoisonArray(context, predicted));
+    const Bytes predicted_before = predicted.host;
+    CrossEntropyExtras extras;
+    LinearCrossEntropyOptions options = h.options;
+    if (entropy_weight) {
+      options.cross_entropy.entropy_weight = 0.1f;
+    } else {
+      extras.predicted = predicted.view;
+    }
+    const absl::Status status = LinearCrossEntropyForward(
+        context, h.inputs, options, h.loss.view, &h.lse.view, &extras);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    ASSERT_OK(h.DownloadOutputs());
+    ASSERT_OK(Download(context, predicted));
+    ExpectAllPoison(h.loss, "refused loss");
+    ExpectAllPoison(h.lse, "refused lse");
+    EXPECT_TRUE(predicted.host == predicted_before) << "refused predicted";
   }
 }
 
@@ -1373,14 +1606,12 @@ INSTANTIATE_TEST_SUITE_P(
     SixteenBitOperands, LinearCrossEntropyPrecisionTest,
     testing::Combine(testing::Values(DType::kBF16, DType::kF16),
                      testing::Values(LinearCrossEntropySchedule::kTokenChunks,
-                                     LinearCrossEntropySchedule::kTwoPass)),
+                                     LinearCrossEntropySchedule::kTwoPass,
+                                     LinearCrossEntropySchedule::kVocabSlices)),
     [](const testing::TestParamInfo<
         std::tuple<DType, LinearCrossEntropySchedule>>& info) {
-      return absl::StrCat(
-          DTypeName(std::get<0>(info.param)),
-          std::get<1>(info.param) == LinearCrossEntropySchedule::kTwoPass
-              ? "_two_pass"
-              : "_token_chunks");
+      return absl::StrCat(DTypeName(std::get<0>(info.param)), "_",
+                          ScheduleTestName(std::get<1>(info.param)));
     });
 
 // ---------------------------------------------------------------------------------------
@@ -1390,7 +1621,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(LinearCrossEntropyGradientTest, MatchesFiniteDifferences) {
   for (LinearCrossEntropySchedule schedule :
        {LinearCrossEntropySchedule::kTokenChunks,
-        LinearCrossEntropySchedule::kTwoPass}) {
+        LinearCrossEntropySchedule::kTwoPass,
+        LinearCrossEntropySchedule::kVocabSlices}) {
     Scenario s;
     s.n = 6;
     s.h = 5;
