@@ -516,8 +516,8 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
       LinearCrossEntropyOptions().max_workspace_bytes;
   ASSIGN_OR_RETURN(r.fused,
                    Measure(context, fused(default_budget, t.d_weight.view)));
-  r.fused_plan = PlanText(s, default_budget, DType::kF32,
-                          options, DeviceKind::kCuda);
+  r.fused_plan =
+      PlanText(s, default_budget, DType::kF32, options, DeviceKind::kCuda);
   float fused_loss = 0;
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&fused_loss, t.loss.view.data, 4, cudaMemcpyDeviceToHost));
@@ -529,14 +529,14 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
                                                     ref_d_weight.view, 512));
   ASSIGN_OR_RETURN(r.fused_bf16, Measure(context, fused(default_budget,
                                                         t.d_weight_bf16.view)));
-  r.fused_bf16_plan = PlanText(s, default_budget, DType::kBF16,
-                               options, DeviceKind::kCuda);
+  r.fused_bf16_plan =
+      PlanText(s, default_budget, DType::kBF16, options, DeviceKind::kCuda);
   for (int64_t budget : budgets) {
     ASSIGN_OR_RETURN(Measured m,
                      Measure(context, fused(budget, t.d_weight.view)));
     r.curve.push_back({budget, m});
-    r.curve_plans.push_back(PlanText(
-        s, budget, DType::kF32, options, DeviceKind::kCuda));
+    r.curve_plans.push_back(
+        PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda));
     std::printf("  %-18s %5lld MiB: %8.2f ms (%.2fx), peak %7.1f MiB  [%s]\n",
                 s.Name().c_str(), static_cast<long long>(budget / kMiB), m.ms,
                 m.ms / r.gemms_ms, static_cast<double>(m.peak) / kMiB,
