@@ -68,13 +68,24 @@ ABSL_FLAG(std::string, json, "",
           "write the results as JSON lines to this path");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
 ABSL_FLAG(std::string, schedule, "auto",
-          "the fused calls' schedule: auto, token_chunks, two_pass or "
-          "vocab_slices");
+          "the fused calls' schedule: auto, token_chunks, two_pass, "
+          "vocab_slices or compact_chunks");
 ABSL_FLAG(std::string, extras, "",
           "extras of the fused calls (CrossEntropyExtras), a comma-separated "
           "subset of predicted,accuracy,entropy,logprob; empty: none");
 ABSL_FLAG(float, entropy_weight, 0.0f,
           "entropy_weight of the fused calls (0: off)");
+ABSL_FLAG(std::string, chunk_rows, "0",
+          "comma-separated chunk_rows of the curve's calls (0: the "
+          "planner's choice); the curve runs once for each");
+ABSL_FLAG(bool, plans_only, false,
+          "print the GPU plans (and the cost model's estimates) of --shapes x "
+          "--budgets_mib x --chunk_rows with --schedule, and time nothing "
+          "(runs without a GPU)");
+ABSL_FLAG(
+    bool, forward, false,
+    "also time the curve's forward pass alone (LinearCrossEntropyForward: "
+    "loss only)");
 
 namespace lossrt {
 namespace {
@@ -101,6 +112,18 @@ absl::StatusOr<std::vector<Shape3>> ParseShapes(const std::string& text) {
   return shapes;
 }
 
+absl::StatusOr<std::vector<int64_t>> ParseChunkRows(const std::string& text) {
+  std::vector<int64_t> rows;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(item, &value) || value < 0)
+      return InvalidArgument("bad --chunk_rows entry '", item, "'");
+    rows.push_back(value);
+  }
+  if (rows.empty()) rows.push_back(0);
+  return rows;
+}
+
 absl::StatusOr<std::vector<int64_t>> ParseBudgets(const std::string& text) {
   std::vector<int64_t> budgets;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -110,6 +133,22 @@ absl::StatusOr<std::vector<int64_t>> ParseBudgets(const std::string& text) {
     budgets.push_back(mib * kMiB);
   }
   return budgets;
+}
+
+absl::StatusOr<LinearCrossEntropySchedule> ScheduleFromFlag() {
+  const std::string schedule = absl::GetFlag(FLAGS_schedule);
+  if (schedule == "auto") return LinearCrossEntropySchedule::kAuto;
+  if (schedule == "token_chunks")
+    return LinearCrossEntropySchedule::kTokenChunks;
+  if (schedule == "two_pass") return LinearCrossEntropySchedule::kTwoPass;
+  if (schedule == "vocab_slices")
+    return LinearCrossEntropySchedule::kVocabSlices;
+  if (schedule == "compact_chunks")
+    return LinearCrossEntropySchedule::kCompactChunks;
+  return InvalidArgument(
+      "--schedule: auto, token_chunks, two_pass, vocab_slices or "
+      "compact_chunks, not '",
+      schedule, "'");
 }
 
 std::string Json(
@@ -188,9 +227,10 @@ absl::StatusOr<Tensors> MakeTensors(Context& context, const Shape3& s,
 // The plan the op makes for this call (the options' schedule and streams).
 std::string PlanText(const Shape3& s, int64_t budget, DType d_weight,
                      const LinearCrossEntropyOptions& options,
-                     DeviceKind device) {
+                     DeviceKind device,
+                     lce::Pass pass = lce::Pass::kForwardBackward) {
   lce::PlanInput in;
-  in.pass = lce::Pass::kForwardBackward;
+  in.pass = pass;
   in.device = device;
   in.tokens = s.n;
   in.hidden = s.h;
@@ -201,8 +241,11 @@ std::string PlanText(const Shape3& s, int64_t budget, DType d_weight,
   in.max_workspace_bytes = budget;
   in.overlap_streams = options.overlap_streams;
   in.schedule = options.schedule;
+  in.chunk_rows = options.chunk_rows;
   const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
-  return plan.ok() ? plan->ToString() : std::string(plan.status().message());
+  if (!plan.ok()) return std::string(plan.status().message());
+  return absl::StrFormat("%s; model %.2f ms", plan->ToString(),
+                         plan->estimated_seconds * 1e3);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -379,8 +422,14 @@ struct ShapeResult {
   double ce_only_ms = 0;        // its cross-entropy kernel alone
   Measured unfused, fused, fused_bf16;
   std::string fused_plan, fused_bf16_plan;
-  std::vector<std::pair<int64_t, Measured>> curve;
-  std::vector<std::string> curve_plans;
+  struct Point {
+    int64_t budget = 0;
+    int64_t chunk_rows = 0;  // chunk_rows (0: the planner's)
+    Measured fused;
+    double forward_ms = -1;  // --forward: the forward pass alone
+    std::string plan, forward_plan;
+  };
+  std::vector<Point> curve;
   double check_loss = 0, check_d_hidden = 0, check_d_weight = 0;
 };
 
@@ -488,18 +537,7 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
   }
   LinearCrossEntropyOptions options;
   options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
-  const std::string schedule = absl::GetFlag(FLAGS_schedule);
-  if (schedule == "token_chunks") {
-    options.schedule = LinearCrossEntropySchedule::kTokenChunks;
-  } else if (schedule == "two_pass") {
-    options.schedule = LinearCrossEntropySchedule::kTwoPass;
-  } else if (schedule == "vocab_slices") {
-    options.schedule = LinearCrossEntropySchedule::kVocabSlices;
-  } else if (schedule != "auto") {
-    return InvalidArgument(
-        "--schedule: auto, token_chunks, two_pass or vocab_slices, not '",
-        schedule, "'");
-  }
+  ASSIGN_OR_RETURN(options.schedule, ScheduleFromFlag());
   options.cross_entropy.validate_targets =
       absl::GetFlag(FLAGS_validate_targets);
   options.cross_entropy.entropy_weight = absl::GetFlag(FLAGS_entropy_weight);
@@ -531,17 +569,52 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
                                                         t.d_weight_bf16.view)));
   r.fused_bf16_plan =
       PlanText(s, default_budget, DType::kBF16, options, DeviceKind::kCuda);
-  for (int64_t budget : budgets) {
-    ASSIGN_OR_RETURN(Measured m,
-                     Measure(context, fused(budget, t.d_weight.view)));
-    r.curve.push_back({budget, m});
-    r.curve_plans.push_back(
-        PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda));
-    std::printf("  %-18s %5lld MiB: %8.2f ms (%.2fx), peak %7.1f MiB  [%s]\n",
-                s.Name().c_str(), static_cast<long long>(budget / kMiB), m.ms,
-                m.ms / r.gemms_ms, static_cast<double>(m.peak) / kMiB,
-                r.curve_plans.back().c_str());
-    std::fflush(stdout);
+  ASSIGN_OR_RETURN(std::vector<int64_t> chunk_rows,
+                   ParseChunkRows(absl::GetFlag(FLAGS_chunk_rows)));
+  const bool time_forward = absl::GetFlag(FLAGS_forward);
+  for (int64_t rows : chunk_rows) {
+    options.chunk_rows = rows;
+    for (int64_t budget : budgets) {
+      ShapeResult::Point point;
+      point.budget = budget;
+      point.chunk_rows = rows;
+      point.plan = PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda);
+      // A cap the budget cannot honour is a plan error: say so, time the rest.
+      const absl::StatusOr<Measured> m =
+          Measure(context, fused(budget, t.d_weight.view));
+      if (!m.ok()) {
+        std::printf("  %-18s %5lld MiB, chunk rows %lld: %s\n",
+                    s.Name().c_str(), static_cast<long long>(budget / kMiB),
+                    static_cast<long long>(rows),
+                    m.status().ToString().c_str());
+        continue;
+      }
+      point.fused = *m;
+      std::string forward_text;
+      if (time_forward) {
+        LinearCrossEntropyOptions o = options;
+        o.max_workspace_bytes = budget;
+        ASSIGN_OR_RETURN(Measured f, Measure(context, [&]() {
+                           return LinearCrossEntropyForward(context, t.Inputs(),
+                                                            o, t.loss.view);
+                         }));
+        point.forward_ms = f.ms;
+        point.forward_plan = PlanText(s, budget, DType::kF32, options,
+                                      DeviceKind::kCuda, lce::Pass::kForward);
+        forward_text =
+            absl::StrFormat("; forward %.2f ms [%s]", f.ms, point.forward_plan);
+      }
+      std::printf(
+          "  %-18s %5lld MiB, chunk rows %5lld: %8.2f ms (%.2fx), peak %7.1f "
+          "MiB  [%s]%s\n",
+          s.Name().c_str(), static_cast<long long>(budget / kMiB),
+          static_cast<long long>(rows), point.fused.ms,
+          point.fused.ms / r.gemms_ms,
+          static_cast<double>(point.fused.peak) / kMiB, point.plan.c_str(),
+          forward_text.c_str());
+      std::fflush(stdout);
+      r.curve.push_back(std::move(point));
+    }
   }
   context.allocator().ReleaseCache();
   return r;
@@ -613,8 +686,8 @@ absl::Status RunGpu(const Device& device) {
               "dW bf16 1GiB", "target");
   for (const ShapeResult& r : results) {
     const Measured* at256 = nullptr;
-    for (const auto& [budget, m] : r.curve) {
-      if (budget == 256 * kMiB) at256 = &m;
+    for (const ShapeResult::Point& point : r.curve) {
+      if (point.budget == 256 * kMiB && at256 == nullptr) at256 = &point.fused;
     }
     const double target = TargetRatio(r.shape.h);
     const double ratio = r.fused.ms / r.gemms_ms;
@@ -635,11 +708,18 @@ absl::Status RunGpu(const Device& device) {
                                                            : ", 256MiB MISSED")
                          : "");
     std::vector<std::string> curve;
-    for (size_t k = 0; k < r.curve.size(); ++k) {
-      curve.push_back(Json({{"budget_bytes", Num(r.curve[k].first)},
-                            {"ms", Num(r.curve[k].second.ms)},
-                            {"peak_extra_bytes", Num(r.curve[k].second.peak)},
-                            {"plan", Quote(r.curve_plans[k])}}));
+    for (const ShapeResult::Point& point : r.curve) {
+      std::vector<std::pair<std::string, std::string>> fields = {
+          {"budget_bytes", Num(point.budget)},
+          {"chunk_rows", Num(point.chunk_rows)},
+          {"ms", Num(point.fused.ms)},
+          {"peak_extra_bytes", Num(point.fused.peak)},
+          {"plan", Quote(point.plan)}};
+      if (point.forward_ms >= 0) {
+        fields.push_back({"forward_ms", Num(point.forward_ms)});
+        fields.push_back({"forward_plan", Quote(point.forward_plan)});
+      }
+      curve.push_back(Json(fields));
     }
     json.push_back(
         Json({{"device", Quote(info.name)},
@@ -673,7 +753,34 @@ absl::Status RunGpu(const Device& device) {
 
 #endif  // LOSSRT_WITH_CUDA
 
+// --plans_only: what the planner chooses on a GPU, without one.
+absl::Status PrintPlans() {
+  ASSIGN_OR_RETURN(std::vector<Shape3> shapes,
+                   ParseShapes(absl::GetFlag(FLAGS_shapes)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> budgets,
+                   ParseBudgets(absl::GetFlag(FLAGS_budgets_mib)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> chunk_rows,
+                   ParseChunkRows(absl::GetFlag(FLAGS_chunk_rows)));
+  LinearCrossEntropyOptions options;
+  ASSIGN_OR_RETURN(options.schedule, ScheduleFromFlag());
+  options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
+  for (const Shape3& s : shapes) {
+    for (int64_t rows : chunk_rows) {
+      options.chunk_rows = rows;
+      for (int64_t budget : budgets) {
+        std::printf("%-18s %5lld MiB, chunk rows %5lld: [%s]\n",
+                    s.Name().c_str(), static_cast<long long>(budget / kMiB),
+                    static_cast<long long>(rows),
+                    PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda)
+                        .c_str());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Main() {
+  if (absl::GetFlag(FLAGS_plans_only)) return PrintPlans();
   ASSIGN_OR_RETURN(Device device, ParseDevice(absl::GetFlag(FLAGS_device)));
   if (device.is_cpu()) return RunCpu();
 #ifdef LOSSRT_WITH_CUDA

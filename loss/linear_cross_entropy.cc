@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/kernel_args.h"
 #include "loss/linear_cross_entropy_internal.h"
 #include "loss/linear_cross_entropy_kernels.h"
 #include "loss/loss_checks.h"
@@ -190,6 +191,15 @@ struct Candidate {
   Plan plan;
 };
 
+// The share of the context's cuBLASLt workspace a plan uses (1/share of the
+// budget, at most kGemmWorkspaceBytes; none on the CPU).
+int64_t GemmWorkspaceBytes(const PlanInput& in, int64_t share) {
+  if (in.device != DeviceKind::kCuda) return 0;
+  return std::min<int64_t>(
+      kGemmWorkspaceBytes,
+      RoundDown(in.max_workspace_bytes / share, kAlignment));
+}
+
 // Vocabulary slices of at most `max_cols` columns (>= 8) covering the
 // vocabulary: whole GEMM tiles when they are large; 8 columns keep rows
 // 32-byte aligned.
@@ -220,7 +230,8 @@ void PlaceAfterLogits(const Layout& fixed, int64_t logits_floats,
         &plan.lse_offset, &plan.target_logprob_offset, &plan.row_max_offset,
         &plan.row_stats_offset, &plan.grad_scale_offset, &plan.bias_offset,
         &plan.ones_offset, &plan.d_bias_acc_offset, &plan.d_weight_acc_offset,
-        &plan.d_hidden_acc_offset}) {
+        &plan.d_hidden_acc_offset, &plan.compact_offset,
+        &plan.slice_max_offset}) {
     if (*offset >= 0) *offset += fixed_begin;
   }
   plan.block_bytes = fixed_begin + fixed.size();
@@ -242,14 +253,8 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.schedule = schedule;
   plan.chunk_ld = RoundUp(v, int64_t{8});
   plan.gemm_workspace_bytes =
-      in.device == DeviceKind::kCuda
-          ? std::min<int64_t>(
-                kGemmWorkspaceBytes,
-                RoundDown(in.max_workspace_bytes /
-                              (token_chunks ? kTokenChunksGemmWorkspaceShare
-                                            : kTwoPassGemmWorkspaceShare),
-                          kAlignment))
-          : 0;
+      GemmWorkspaceBytes(in, token_chunks ? kTokenChunksGemmWorkspaceShare
+                                          : kTwoPassGemmWorkspaceShare);
 
   // Everything but the logits buffer, which comes first.
   Layout fixed;
@@ -286,7 +291,9 @@ Candidate PlanSchedule(const PlanInput& in,
   if (n > 0 && room < min_logits) return out;
   const int64_t buffer =
       std::min(std::max<int64_t>(room, 0), 4 * n * plan.chunk_ld);
-  plan.chunk_rows = ChunkRows(n, buffer / (4 * plan.chunk_ld));
+  plan.chunk_rows = in.chunk_rows > 0
+                        ? std::min(in.chunk_rows, n)
+                        : ChunkRows(n, buffer / (4 * plan.chunk_ld));
   plan.num_chunks = n == 0 ? 0 : CeilDiv(n, plan.chunk_rows);
   int64_t logits_floats = plan.chunk_rows * plan.chunk_ld;
   if (!token_chunks && n > 0) {
@@ -358,12 +365,7 @@ Candidate PlanVocabSlicesWith(const PlanInput& in, int64_t block_rows) {
   plan.schedule = LinearCrossEntropySchedule::kVocabSlices;
   plan.chunk_ld = RoundUp(v, int64_t{8});
   plan.gemm_workspace_bytes =
-      in.device == DeviceKind::kCuda
-          ? std::min<int64_t>(
-                kGemmWorkspaceBytes,
-                RoundDown(in.max_workspace_bytes / kTwoPassGemmWorkspaceShare,
-                          kAlignment))
-          : 0;
+      GemmWorkspaceBytes(in, kTwoPassGemmWorkspaceShare);
   plan.chunk_rows = block_rows;
   plan.num_chunks = CeilDiv(n, block_rows);
   const bool several_blocks = plan.num_chunks > 1;
@@ -462,6 +464,8 @@ Candidate PlanVocabSlicesWith(const PlanInput& in, int64_t block_rows) {
 // The fastest feasible kVocabSlices plan over token blocks of N, N/2, N/4, ...
 // rows.
 Candidate PlanVocabSlices(const PlanInput& in) {
+  if (in.chunk_rows > 0)
+    return PlanVocabSlicesWith(in, std::min(in.chunk_rows, in.tokens));
   Candidate best;
   int64_t max_rows = in.tokens;
   int64_t previous = 0;
@@ -481,6 +485,141 @@ Candidate PlanVocabSlices(const PlanInput& in) {
   return best;
 }
 
+// kCompactChunks' fp32 slice buffer holds at most this much: the G1 output
+// that the statistics kernel reads back, small enough to stay mostly in L2.
+constexpr int64_t kCompactSliceBytes = 32 * kMiB;
+
+// The kCompactChunks schedule (forward and backward) with token chunks of
+// `chunk_rows` rows: per chunk, G1 and the compact statistics kernel slice by
+// slice (the slice's logits in the fp32 buffer, the chunk's fp16
+// probabilities kept), the finish, the gradient kernel over the chunk's rows,
+// then G2 and G3 (accumulated over chunks) as the token chunks run them.
+Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows) {
+  const int64_t n = in.tokens;
+  const int64_t v = in.vocab;
+  const int64_t h = in.hidden;
+  const int64_t e = DTypeSize(in.operand_type);
+  Candidate out;
+  Plan& plan = out.plan;
+  plan.schedule = LinearCrossEntropySchedule::kCompactChunks;
+  plan.chunk_ld = RoundUp(v, int64_t{8});
+  plan.gemm_workspace_bytes =
+      GemmWorkspaceBytes(in, kTokenChunksGemmWorkspaceShare);
+  plan.chunk_rows = chunk_rows;
+  plan.num_chunks = CeilDiv(n, chunk_rows);
+  const bool several_chunks = plan.num_chunks > 1;
+
+  Layout fixed;
+  plan.stats_offset = fixed.Add(sizeof(ce::TargetStats));
+  plan.row_loss_offset = fixed.AddIf(!in.reduction_none, 4 * n);
+  plan.lse_offset = fixed.AddIf(!in.lse_given, 4 * n);
+  plan.target_logprob_offset = fixed.AddIf(!in.target_logprob_given, 4 * n);
+  plan.row_max_offset = fixed.Add(4 * n);
+  plan.row_stats_offset = fixed.Add(8 * kStats * n);
+  plan.grad_scale_offset = fixed.AddIf(in.operand_type == DType::kF16,
+                                       4 * (in.reduction_none ? n : 1));
+  plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
+  plan.ones_offset =
+      fixed.AddIf(in.has_bias && in.device == DeviceKind::kCuda, e * n);
+  plan.d_bias_acc_offset =
+      fixed.AddIf(in.has_bias && !in.d_bias_f32 && several_chunks, 4 * v);
+  plan.d_weight_acc_offset =
+      fixed.AddIf(in.d_weight_type != DType::kF32 && several_chunks, 4 * v * h);
+  plan.compact_offset = fixed.Add(2 * chunk_rows * plan.chunk_ld);
+
+  // The slice buffer takes what is left, up to kCompactSliceBytes; each slice
+  // adds a float a row for its max.
+  const int64_t usable =
+      LargestRequest(in.max_workspace_bytes - plan.gemm_workspace_bytes);
+  int64_t room = usable - fixed.size() - kAlignment;
+  room = std::min(room, kCompactSliceBytes);
+  int64_t max_cols = room / (4 * chunk_rows);
+  if (max_cols < 8) return out;
+  SetSlices(max_cols, v, plan);
+  while (plan.num_slices > 1 &&
+         4 * chunk_rows * (plan.slice_ld + plan.num_slices) > room) {
+    max_cols = plan.slice_cols - 8;
+    if (max_cols < 8) return out;
+    SetSlices(max_cols, v, plan);
+  }
+  plan.slice_max_offset = fixed.Add(4 * chunk_rows * plan.num_slices);
+  PlaceAfterLogits(fixed, chunk_rows * plan.slice_ld, in.max_workspace_bytes,
+                   out);
+
+  // Cost estimate.
+  const Rates r = RatesFor(in);
+  const double hd = static_cast<double>(h);
+  const double vd = static_cast<double>(v);
+  const double ge = static_cast<double>(e);
+  const double dh_bytes = static_cast<double>(DTypeSize(in.d_hidden_type));
+  const double dw_bytes = static_cast<double>(DTypeSize(in.d_weight_type));
+  auto chunk_seconds = [&](int64_t rows, bool first) {
+    const double rd = static_cast<double>(rows);
+    double seconds = 0;
+    for (int64_t s = 0; s < plan.num_slices; ++s) {
+      const int64_t cols = std::min(plan.slice_cols, v - s * plan.slice_cols);
+      const double cd = static_cast<double>(cols);
+      seconds += GemmSeconds(r, rows, 2.0 * rd * cd * hd,
+                             ge * (rd * hd + cd * hd) + 4 * rd * cd);
+      seconds += 6 * rd * cd / r.ce_bytes_per_second + r.launch_seconds;
+    }
+    seconds += r.launch_seconds;  // the finish
+    seconds += 4 * rd * vd / r.ce_bytes_per_second + r.launch_seconds;  // dz
+    const double flops = 2.0 * rd * vd * hd;
+    seconds += GemmSeconds(r, rows, flops,
+                           ge * vd * hd + ge * rd * vd + dh_bytes * rd * hd);
+    seconds += GemmSeconds(
+        r, rows, flops,
+        ge * rd * hd + ge * rd * vd + (first ? dw_bytes * vd * hd : 0),
+        first ? 0 : 8 * vd * hd);
+    return seconds;
+  };
+  const int64_t last_rows = n - (plan.num_chunks - 1) * chunk_rows;
+  double seconds =
+      chunk_seconds(plan.num_chunks == 1 ? last_rows : chunk_rows, true);
+  if (plan.num_chunks > 2)
+    seconds += (plan.num_chunks - 2) * chunk_seconds(chunk_rows, false);
+  if (plan.num_chunks > 1) seconds += chunk_seconds(last_rows, false);
+  if (plan.d_weight_acc_offset >= 0) {
+    seconds += 6.0 * v * h / r.bytes_per_second;  // the final rounding pass
+  }
+  plan.estimated_seconds = seconds;
+  return out;
+}
+
+// The fastest feasible kCompactChunks plan among chunks of the most rows that
+// fit (found by bisection: the more rows, the more bytes) and fewer.
+Candidate PlanCompactChunks(const PlanInput& in) {
+  if (in.chunk_rows > 0)
+    return PlanCompactChunksWith(in, std::min(in.chunk_rows, in.tokens));
+  int64_t fits = 0;  // PlanCompactChunksWith(fits) is feasible (or fits = 0)
+  if (PlanCompactChunksWith(in, in.tokens).feasible) {
+    fits = in.tokens;
+  } else {
+    int64_t too_many = in.tokens;
+    while (too_many - fits > 1) {
+      const int64_t middle = fits + (too_many - fits) / 2;
+      (PlanCompactChunksWith(in, middle).feasible ? fits : too_many) = middle;
+    }
+  }
+  // More rows leave less room for the slice buffer, and tiny slices cost
+  // launches: fractions of the most rows, by the cost model.
+  Candidate best;
+  for (const double fraction :
+       {1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.35, 0.25}) {
+    const int64_t max_rows = static_cast<int64_t>(fraction * fits);
+    if (max_rows < 1) break;
+    Candidate candidate =
+        PlanCompactChunksWith(in, ChunkRows(in.tokens, max_rows));
+    if (candidate.feasible &&
+        (!best.feasible ||
+         candidate.plan.estimated_seconds < best.plan.estimated_seconds)) {
+      best = candidate;
+    }
+  }
+  return best;
+}
+
 const char* ScheduleName(LinearCrossEntropySchedule schedule) {
   switch (schedule) {
     case LinearCrossEntropySchedule::kAuto:
@@ -491,6 +630,8 @@ const char* ScheduleName(LinearCrossEntropySchedule schedule) {
       return "two-pass";
     case LinearCrossEntropySchedule::kVocabSlices:
       return "vocab slices";
+    case LinearCrossEntropySchedule::kCompactChunks:
+      return "compact chunks";
   }
   return "?";
 }
@@ -516,13 +657,32 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
     return InvalidArgument("max_workspace_bytes must be positive, got ",
                            input.max_workspace_bytes);
   }
+  if (input.chunk_rows < 0) {
+    return InvalidArgument(
+        "chunk_rows must be >= 0 (0: the planner's choice), got ",
+        input.chunk_rows);
+  }
   using Schedule = LinearCrossEntropySchedule;
   const bool slices_possible = input.tokens > 0 && !input.whole_row_statistics;
+  const bool compact_possible =
+      slices_possible && input.pass == Pass::kForwardBackward &&
+      input.operand_type != DType::kF32 && !input.softcap;
+  if (input.schedule == Schedule::kCompactChunks && input.tokens > 0 &&
+      input.pass != Pass::kForward && !compact_possible) {
+    return InvalidArgument(
+        "kCompactChunks runs the fused forward and backward of 16-bit operands "
+        "without a soft cap or whole-row statistics; use kAuto or another "
+        "schedule");
+  }
   std::vector<Schedule> schedules;
   if (input.tokens == 0) {
     schedules = {Schedule::kTokenChunks};
-  } else if (input.schedule == Schedule::kVocabSlices) {
-    // The driver refuses it where it cannot run (whole-row statistics).
+  } else if (input.schedule == Schedule::kVocabSlices ||
+             (input.schedule == Schedule::kCompactChunks &&
+              input.pass == Pass::kForward)) {
+    // The driver refuses them where they cannot run (whole-row statistics;
+    // kCompactChunks: f32 operands, the soft cap, the split backward). The
+    // forward alone of kCompactChunks is kVocabSlices' forward.
     schedules = {Schedule::kVocabSlices};
   } else if (input.pass == Pass::kForward || input.entropy_gradient) {
     schedules = {Schedule::kTokenChunks};
@@ -531,14 +691,24 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
   } else if (input.schedule == Schedule::kAuto) {
     schedules = {Schedule::kTokenChunks, Schedule::kTwoPass};
     if (slices_possible) schedules.push_back(Schedule::kVocabSlices);
+    // kCompactChunks runs only when asked for until it is timed beside
+    // these on the GPU.
   } else {
     schedules = {input.schedule};
   }
+  auto plan_for = [](const PlanInput& in, Schedule schedule) {
+    switch (schedule) {
+      case Schedule::kVocabSlices:
+        return PlanVocabSlices(in);
+      case Schedule::kCompactChunks:
+        return PlanCompactChunks(in);
+      default:
+        return PlanSchedule(in, schedule);
+    }
+  };
   Candidate best;
   for (LinearCrossEntropySchedule schedule : schedules) {
-    Candidate candidate = schedule == Schedule::kVocabSlices
-                              ? PlanVocabSlices(input)
-                              : PlanSchedule(input, schedule);
+    Candidate candidate = plan_for(input, schedule);
     if (candidate.feasible &&
         (!best.feasible ||
          candidate.plan.estimated_seconds < best.plan.estimated_seconds)) {
@@ -552,11 +722,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
       PlanInput larger = input;
       larger.max_workspace_bytes = budget;
       for (LinearCrossEntropySchedule schedule : schedules) {
-        if ((schedule == Schedule::kVocabSlices
-                 ? PlanVocabSlices(larger)
-                 : PlanSchedule(larger, schedule))
-                .feasible)
-          return true;
+        if (plan_for(larger, schedule).feasible) return true;
       }
       return false;
     };
@@ -574,6 +740,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
         ", H = ", input.hidden, ", V = ", input.vocab,
         schedules.size() == 1 ? absl::StrCat(", ", ScheduleName(schedules[0]))
                               : "",
+        input.chunk_rows > 0 ? absl::StrCat(", chunk_rows = ", input.chunk_rows)
+                             : "",
         "): it needs at least ", needed, " bytes");
   }
   return best.plan;
@@ -622,9 +790,44 @@ std::vector<Block> MakeVocabSliceBlocks(const PlanInput& input,
   return blocks;
 }
 
+// Per chunk: its slices' G1 and compact statistics, the finish, then one
+// block of the whole rows: the gradient kernel, G2 and G3 (accumulated over
+// the chunks).
+std::vector<Block> MakeCompactBlocks(const PlanInput& input, const Plan& plan) {
+  std::vector<Block> blocks;
+  for (int64_t c = 0; c < plan.num_chunks; ++c) {
+    Block block;
+    block.row_begin = c * plan.chunk_rows;
+    block.row_end = std::min(input.tokens, block.row_begin + plan.chunk_rows);
+    block.ld = plan.slice_ld;
+    for (int64_t s = 0; s < plan.num_slices; ++s) {
+      block.col_begin = s * plan.slice_cols;
+      block.col_end = std::min(input.vocab, block.col_begin + plan.slice_cols);
+      block.mode = CeMode::kCompactStats;
+      block.accumulate = s > 0;
+      blocks.push_back(block);
+    }
+    block.col_begin = block.col_end = 0;
+    block.mode = CeMode::kSliceFinish;
+    block.accumulate = false;
+    blocks.push_back(block);
+    block.col_begin = 0;
+    block.col_end = input.vocab;
+    block.ld = plan.chunk_ld;  // 16-bit elements of the compact rows
+    block.mode = CeMode::kCompactBackward;
+    block.d_hidden = true;
+    block.d_weight = true;
+    block.accumulate = c > 0;
+    blocks.push_back(block);
+  }
+  return blocks;
+}
+
 std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
   if (plan.schedule == LinearCrossEntropySchedule::kVocabSlices)
     return MakeVocabSliceBlocks(input, plan);
+  if (plan.schedule == LinearCrossEntropySchedule::kCompactChunks)
+    return MakeCompactBlocks(input, plan);
   std::vector<Block> blocks;
   const bool backward = input.pass != Pass::kForward;
   const bool two_pass = plan.schedule == LinearCrossEntropySchedule::kTwoPass;
@@ -681,6 +884,7 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
   in.reduction_none = options.cross_entropy.reduction == Reduction::kNone;
   in.lse_given = problem.lse != nullptr;
   in.max_workspace_bytes = options.max_workspace_bytes;
+  in.chunk_rows = options.chunk_rows;
   in.use_tf32 = options.use_tf32;
   // A captured stream records no second stream (nor its events).
   in.overlap_streams = options.overlap_streams && !problem.capturing;
@@ -696,6 +900,7 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
       (problem.extras != nullptr && (problem.extras->predicted.has_value() ||
                                      problem.extras->accuracy.has_value() ||
                                      problem.extras->entropy.has_value()));
+  in.softcap = options.cross_entropy.softcap > 0.0f;
   return in;
 }
 
@@ -721,7 +926,8 @@ float* SliceTargetLogprob(const Problem& problem, const Plan& plan,
   const bool needed =
       plan.schedule == LinearCrossEntropySchedule::kVocabSlices
           ? problem.pass != Pass::kBackward
-          : plan.schedule == LinearCrossEntropySchedule::kTwoPass &&
+          : (plan.schedule == LinearCrossEntropySchedule::kTwoPass ||
+             plan.schedule == LinearCrossEntropySchedule::kCompactChunks) &&
                 problem.pass == Pass::kForwardBackward;
   if (!needed) return nullptr;
   if (workspace != nullptr) return workspace;
@@ -754,6 +960,51 @@ SliceStatsArgs MakeSliceStatsArgs(const Problem& problem, const Block& block,
   args.merge = block.accumulate;
   args.row_max = row_max + row;
   args.row_stats = row_stats + row * kStats;
+  return args;
+}
+
+CompactStatsArgs MakeCompactStatsArgs(const Problem& problem, const Plan& plan,
+                                      const Block& block, const float* logits,
+                                      float* row_max, double* row_stats,
+                                      uint16_t* compact, float* slice_max) {
+  CompactStatsArgs args;
+  args.stats = MakeSliceStatsArgs(problem, block, logits, row_max, row_stats);
+  args.probs = compact + block.col_begin;
+  args.probs_ld = plan.chunk_ld;
+  args.slice_max = slice_max + block.col_begin / plan.slice_cols;
+  args.slice_max_ld = plan.num_slices;
+  return args;
+}
+
+CompactArgs MakeCompactArgs(const Problem& problem, const Plan& plan,
+                            const Block& block, uint16_t* compact,
+                            const float* slice_max,
+                            const ce::TargetStats* stats,
+                            const float* grad_loss, bool grad_loss_per_row,
+                            const float* lse, const float* target_logprob) {
+  const Tensor& targets = problem.inputs->targets;
+  const int64_t row = block.row_begin;
+  CompactArgs args;
+  SliceArgs& slice = args.slice;
+  slice.rows = block.row_end - row;
+  slice.vocab = problem.vocab;
+  slice.grad_type = problem.operand_type();
+  slice.targets =
+      static_cast<const char*>(targets.data) + row * DTypeSize(targets.dtype);
+  slice.targets_i64 = targets.dtype == DType::kI64;
+  ce::CopyOptions(problem.options->cross_entropy, &slice);
+  slice.stats = stats;
+  slice.grad_loss = grad_loss == nullptr
+                        ? nullptr
+                        : grad_loss + (grad_loss_per_row ? row : 0);
+  slice.grad_loss_per_row = grad_loss_per_row;
+  slice.lse = lse + row;
+  slice.target_logprob = target_logprob + row;
+  args.probs = compact;
+  args.probs_ld = plan.chunk_ld;
+  args.slice_max = slice_max;
+  args.slice_max_ld = plan.num_slices;
+  args.slice_cols = plan.slice_cols;
   return args;
 }
 
@@ -909,6 +1160,36 @@ absl::Status CheckOutputs(const Context& context, const Problem& problem) {
         problem.options->schedule == LinearCrossEntropySchedule::kTwoPass) {
       return InvalidArgument(
           "entropy_weight != 0 needs the token-chunk schedule, not kTwoPass");
+    }
+  }
+  if (problem.options->schedule == LinearCrossEntropySchedule::kCompactChunks &&
+      problem.tokens > 0) {
+    const CrossEntropyExtras* extras = problem.extras;
+    const bool whole_rows =
+        ce.entropy_weight != 0.0f ||
+        (extras != nullptr &&
+         (extras->predicted.has_value() || extras->accuracy.has_value() ||
+          extras->entropy.has_value()));
+    if (problem.pass == Pass::kBackward) {
+      return InvalidArgument(
+          "kCompactChunks computes the loss and its gradients in one call "
+          "(LinearCrossEntropyForwardBackward), not the split backward");
+    }
+    if (problem.operand_type() == DType::kF32 && problem.backward()) {
+      return InvalidArgument(
+          "kCompactChunks holds 16-bit probabilities: bf16 or f16 hidden and "
+          "weight only");
+    }
+    if (ce.softcap > 0.0f && problem.backward()) {
+      return InvalidArgument(
+          "kCompactChunks keeps no logits, which the soft cap's gradient "
+          "needs; use kAuto or another schedule");
+    }
+    if (whole_rows) {
+      return InvalidArgument(
+          "kCompactChunks merges each token's statistics slice by slice: it "
+          "computes no entropy_weight term and no predicted, accuracy or "
+          "entropy extras; use kTokenChunks or kAuto");
     }
   }
   if (problem.options->schedule == LinearCrossEntropySchedule::kVocabSlices &&

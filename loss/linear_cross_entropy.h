@@ -34,7 +34,8 @@
 // the weight dtype; d_bias [V] in f32 or the bias dtype. All on the context's
 // device.
 //
-// Precision, the same on both backends and schedules: logits are fp32 (fp32
+// Precision, the same on both backends and on every schedule but
+// kCompactChunks (at the end): logits are fp32 (fp32
 // accumulation; f32 operands with use_tf32 go through TF32 on the GPU), and so
 // are the dlogits computed from them, which are then stored in the operand
 // dtype: with bf16 or f16 operands each dlogit is rounded to it (f16 with the
@@ -62,7 +63,12 @@
 // log-sum on every schedule (the two-pass and kVocabSlices slices read the
 // target's log-probability from the first pass, which keeps the target's term
 // apart from the other exponentials); the split backward, which has only the
-// saved f32 lse, cannot.
+// saved f32 lse, cannot. kCompactChunks forms each dlogit from its logit's
+// exp(z - slice max) held in fp16 (2^-11 relative) rather than from the fp32
+// logit, so its dlogits carry that rounding before their own: its gradients
+// stay within 1.5 times the other schedules' distance from the exact ones
+// (pinned by the same test); its loss, lse and target entries are computed
+// from the fp32 logits as everywhere else.
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
 // per-token scratch and the share of the cuBLASLt workspace it uses) fits in
@@ -131,12 +137,27 @@ enum class LinearCrossEntropySchedule {
   // the forward can use it too. No entropy_weight, and no predicted, accuracy
   // or entropy extras (target_logprob is computed); +inf logits give NaN.
   kVocabSlices,
+  // Token chunks whose logits are held as 16-bit probabilities: each chunk's
+  // logits are computed a vocabulary slice at a time into a small fp32
+  // buffer, whose row statistics are merged as kVocabSlices merges them and
+  // whose exp(z - slice max) are kept in fp16 for the whole chunk; the
+  // gradient is then formed from them in place, for one d_hidden and one
+  // d_weight GEMM a chunk. Half the bytes a logit of kTokenChunks: about twice
+  // the tokens a chunk in the same budget, so half the d_weight accumulations,
+  // and no GEMM recomputed. 16-bit operands only; no soft cap, and none of
+  // kVocabSlices's refused options.
+  kCompactChunks,
 };
 
 struct LinearCrossEntropyOptions {
   CrossEntropyOptions cross_entropy;
   // Bound on all temporary memory of one call, in bytes.
   int64_t max_workspace_bytes = int64_t{1} << 30;
+  // Tokens a chunk (token chunks, the two-pass schedule's first pass) or a
+  // token block (kVocabSlices), the last one shorter; 0: as many as the
+  // budget and the planner's cost model choose. A value the budget cannot
+  // hold is an InvalidArgument. QuACK calls it the chunk size.
+  int64_t chunk_rows = 0;
   // f32 operands: let the GEMMs use TF32 tensor cores (faster, about 1e-3
   // relative error).
   bool use_tf32 = false;

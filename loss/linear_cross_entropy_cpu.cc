@@ -92,6 +92,37 @@ void SliceStatsCpu(const SliceStatsArgs& args) {
   }
 }
 
+void CompactStatsCpu(const CompactStatsArgs& args) {
+  SliceStatsCpu(args.stats);
+  const SliceStatsArgs& stats = args.stats;
+  for (int64_t i = 0; i < stats.rows; ++i) {
+    const float* x = stats.logits + i * stats.ld;  // [cols]
+    float max = -INFINITY;
+    for (int64_t j = 0; j < stats.cols; ++j) max = std::max(max, x[j]);
+    args.slice_max[i * args.slice_max_ld] = max;
+    uint16_t* probs = args.probs + i * args.probs_ld;
+    for (int64_t j = 0; j < stats.cols; ++j) {
+      probs[j] = FloatToF16Bits(max == -INFINITY ? 0.0f : std::exp(x[j] - max));
+    }
+  }
+}
+
+void CompactBackwardCpu(const CompactArgs& args) {
+  const SliceArgs& slice = args.slice;
+  for (int64_t i = 0; i < slice.rows; ++i) {
+    const SliceRow row = MakeSliceRow(slice, i);
+    uint16_t* probs = args.probs + i * args.probs_ld;  // [vocab]
+    const float* maxima = args.slice_max + i * args.slice_max_ld;
+    // In place: value j becomes gradient j.
+    for (int64_t j = 0; j < slice.vocab; ++j) {
+      const float e = F16BitsToFloat(probs[j]);
+      const float m = maxima[j / args.slice_cols];
+      StoreHost(probs, slice.grad_type, j,
+                CompactGradient(slice, row, e, m, j));
+    }
+  }
+}
+
 void SliceFinishCpu(const SliceFinishArgs& args) {
   for (int64_t i = 0; i < args.rows; ++i) FinishSliceRow(args, i);
 }
@@ -157,6 +188,9 @@ class CpuBackend final : public Backend {
                                  : grad_loss_ + (grad_loss_per_row_ ? row : 0);
   }
   void CrossEntropy(const Block& block);
+  absl::Status Gradients(
+      const Block& block,
+      const Eigen::Ref<const RowMajor, 0, Eigen::OuterStride<>>& logits);
   // Writes `value` (rows x cols, fp32) to a tensor of any float dtype, or adds
   // it.
   void WriteRows(const Eigen::Ref<const RowMajor>& value, void* out, DType type,
@@ -187,6 +221,10 @@ class CpuBackend final : public Backend {
   float* d_hidden_acc_ = nullptr;  // [chunk_rows, H] (vocabulary slices)
   float* row_max_ = nullptr;       // [N] (vocabulary slices)
   double* row_stats_ = nullptr;    // [N, kStats] (vocabulary slices)
+  uint16_t* compact_ = nullptr;    // [chunk_rows, chunk_ld] (compact chunks)
+  float* slice_max_ = nullptr;     // [chunk_rows, num_slices] (compact chunks)
+  RowMajor compact_dlogits_;       // their dlogits widened to fp32 (outside the
+                              // budget, as the fp32 copies of the operands)
   const float* grad_loss_ = nullptr;
   bool grad_loss_per_row_ = false;
   float scale_ = 1.0f;
@@ -230,6 +268,8 @@ absl::Status CpuBackend::Begin() {
   d_hidden_acc_ = At<float>(plan_.d_hidden_acc_offset);
   row_max_ = At<float>(plan_.row_max_offset);
   row_stats_ = At<double>(plan_.row_stats_offset);
+  compact_ = At<uint16_t>(plan_.compact_offset);
+  slice_max_ = At<float>(plan_.slice_max_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
   target_logprob_ = SliceTargetLogprob(problem_, plan_,
@@ -366,6 +406,21 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
   }
   const ConstMatrixMap weight =
       weight_.Rows(block.col_begin, cols, h);  // [cols, H]
+  if (block.mode == CeMode::kCompactBackward) {
+    CompactBackwardCpu(
+        MakeCompactArgs(problem_, plan_, block, compact_, slice_max_, stats_,
+                        grad_loss_, grad_loss_per_row_, lse_, target_logprob_));
+    compact_dlogits_.resize(rows, cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* bits = compact_ + i * block.ld;
+      for (int64_t j = 0; j < cols; ++j) {
+        compact_dlogits_(i, j) = operand_ == DType::kBF16
+                                     ? Bf16BitsToFloat(bits[j])
+                                     : F16BitsToFloat(bits[j]);
+      }
+    }
+    return Gradients(block, compact_dlogits_);
+  }
   MatrixMap logits(logits_, rows, cols,
                    Eigen::OuterStride<>(block.ld));  // [rows, cols]
   if (!block.logits_ready) {
@@ -378,6 +433,12 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
   if (block.mode == CeMode::kSliceStats) {
     SliceStatsCpu(
         MakeSliceStatsArgs(problem_, block, logits_, row_max_, row_stats_));
+    return absl::OkStatus();
+  }
+  if (block.mode == CeMode::kCompactStats) {
+    CompactStatsCpu(MakeCompactStatsArgs(problem_, plan_, block, logits_,
+                                         row_max_, row_stats_, compact_,
+                                         slice_max_));
     return absl::OkStatus();
   }
   CrossEntropy(block);
@@ -396,6 +457,20 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
       }
     }
   }
+  return Gradients(block, logits);
+}
+
+// G2 and G3 (and d_bias) of a block from its fp32 dlogits [rows, cols].
+absl::Status CpuBackend::Gradients(
+    const Block& block,
+    const Eigen::Ref<const RowMajor, 0, Eigen::OuterStride<>>& logits) {
+  const int64_t rows = block.row_end - block.row_begin;
+  const int64_t cols = block.col_end - block.col_begin;
+  const int64_t h = problem_.hidden;
+  const ConstMatrixMap hidden =
+      hidden_.Rows(block.row_begin, rows, h);  // [rows, H]
+  const ConstMatrixMap weight =
+      weight_.Rows(block.col_begin, cols, h);  // [cols, H]
   const float unscale = 1.0f / scale_;
   const LinearCrossEntropyGradients& g = *problem_.gradients;
   if (block.d_hidden) {

@@ -88,9 +88,19 @@ class CudaBackend final : public Backend {
   float* Logits(const Block& block, int64_t row) const {
     return logits_ + (row - block.row_begin) * block.ld;
   }
-  // dlogits rows start where their logits rows do; their stride in operand
-  // elements.
-  int64_t DlogitsLd(const Block& block) const { return block.ld * 4 / e_; }
+  // dlogits rows start where their logits rows do (kCompactBackward: in the
+  // compact rows, whose stride block.ld counts 16-bit elements); their stride
+  // in operand elements.
+  void* Dlogits(const Block& block, int64_t row) const {
+    return block.mode == CeMode::kCompactBackward
+               ? static_cast<void*>(compact_ +
+                                    (row - block.row_begin) * block.ld)
+               : static_cast<void*>(Logits(block, row));
+  }
+  int64_t DlogitsLd(const Block& block) const {
+    return block.mode == CeMode::kCompactBackward ? block.ld
+                                                  : block.ld * 4 / e_;
+  }
 
   absl::Status ComputeLogits(const Block& block, int64_t row_begin,
                              int64_t row_end);
@@ -134,6 +144,8 @@ class CudaBackend final : public Backend {
   float* d_hidden_acc_ = nullptr;  // [chunk_rows, H] (vocabulary slices)
   float* row_max_ = nullptr;       // [N] (vocabulary slices)
   double* row_stats_ = nullptr;    // [N, kStats] (vocabulary slices)
+  uint16_t* compact_ = nullptr;    // [chunk_rows, chunk_ld] (compact chunks)
+  float* slice_max_ = nullptr;     // [chunk_rows, num_slices] (compact chunks)
   const float* grad_loss_ = nullptr;
   bool grad_loss_per_row_ = false;
   float scale_ =
@@ -159,6 +171,8 @@ absl::Status CudaBackend::Begin() {
   d_hidden_acc_ = At<float>(plan_.d_hidden_acc_offset);
   row_max_ = At<float>(plan_.row_max_offset);
   row_stats_ = At<double>(plan_.row_stats_offset);
+  compact_ = At<uint16_t>(plan_.compact_offset);
+  slice_max_ = At<float>(plan_.slice_max_offset);
   lse_ = problem_.lse != nullptr ? problem_.lse->data_as<float>()
                                  : At<float>(plan_.lse_offset);
   target_logprob_ = SliceTargetLogprob(problem_, plan_,
@@ -273,6 +287,24 @@ absl::Status CudaBackend::RunBlock(const Block& block) {
     CUDA_RETURN_IF_ERROR(LaunchSliceStats(
         MakeSliceStatsArgs(problem_, block, logits_, row_max_, row_stats_),
         main_));
+    return absl::OkStatus();
+  }
+  if (block.mode == CeMode::kCompactStats) {
+    RETURN_IF_ERROR(ComputeLogits(block, block.row_begin, block.row_end));
+    CUDA_RETURN_IF_ERROR(LaunchCompactStats(
+        MakeCompactStatsArgs(problem_, plan_, block, logits_, row_max_,
+                             row_stats_, compact_, slice_max_),
+        main_));
+    return absl::OkStatus();
+  }
+  if (block.mode == CeMode::kCompactBackward) {
+    CUDA_RETURN_IF_ERROR(LaunchCompactBackward(
+        MakeCompactArgs(problem_, plan_, block, compact_, slice_max_, stats_,
+                        grad_loss_, grad_loss_per_row_, lse_, target_logprob_),
+        main_));
+    RETURN_IF_ERROR(DHidden(block, block.row_begin, block.row_end));
+    RETURN_IF_ERROR(DWeight(block));
+    if (bias_ != nullptr) RETURN_IF_ERROR(DBias(block));
     return absl::OkStatus();
   }
   const int64_t rows = block.row_end - block.row_begin;
@@ -406,8 +438,8 @@ absl::Status CudaBackend::DHidden(const Block& block, int64_t row_begin,
   GemmCall call;
   call.a = {RowOf(weight, block.col_begin), type,       problem_.hidden, cols,
             weight.effective_row_stride(),  CUBLAS_OP_N};
-  call.b = {Logits(block, row_begin), type,       cols, row_end - row_begin,
-            DlogitsLd(block),         CUBLAS_OP_N};
+  call.b = {Dlogits(block, row_begin), type,       cols, row_end - row_begin,
+            DlogitsLd(block),          CUBLAS_OP_N};
   char* d_hidden_rows = const_cast<char*>(RowOf(d_hidden, row_begin));
   if (d_hidden_acc_ != nullptr) {
     call.d = d_hidden_acc_ + (row_begin - block.row_begin) * problem_.hidden;
@@ -449,7 +481,7 @@ absl::Status CudaBackend::DWeight(const Block& block) {
   GemmCall call;
   call.a = {RowOf(hidden, block.row_begin), type,       problem_.hidden, rows,
             hidden.effective_row_stride(),  CUBLAS_OP_N};
-  call.b = {Logits(block, block.row_begin),
+  call.b = {Dlogits(block, block.row_begin),
             type,
             cols,
             rows,
@@ -479,7 +511,7 @@ absl::Status CudaBackend::DBias(const Block& block) {
   const int64_t rows = block.row_end - block.row_begin;
   const int64_t cols = block.col_end - block.col_begin;
   GemmCall call;
-  call.a = {Logits(block, block.row_begin),
+  call.a = {Dlogits(block, block.row_begin),
             type,
             cols,
             rows,

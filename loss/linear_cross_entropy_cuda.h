@@ -19,6 +19,12 @@ cudaError_t LaunchSliceStats(const SliceStatsArgs& args, cudaStream_t stream);
 // One thread per row.
 cudaError_t LaunchSliceFinish(const SliceFinishArgs& args, cudaStream_t stream);
 
+// kCompactChunks, one block per row: LaunchSliceStats plus the slice's fp16
+// probabilities and max; then the dlogits of whole rows from them.
+cudaError_t LaunchCompactStats(const CompactStatsArgs& args,
+                               cudaStream_t stream);
+cudaError_t LaunchCompactBackward(const CompactArgs& args, cudaStream_t stream);
+
 cudaError_t LaunchConvert(const ConvertArgs& args, cudaStream_t stream);
 
 }  // namespace lce

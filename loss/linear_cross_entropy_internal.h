@@ -83,6 +83,7 @@ struct PlanInput {
   bool lse_given =
       false;  // the caller's lse (output or input) can hold the per-token lse
   int64_t max_workspace_bytes = 0;
+  int64_t chunk_rows = 0;  // the caller's chunk rows; 0: the planner's
   bool use_tf32 = false;
   bool overlap_streams = true;
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
@@ -94,6 +95,7 @@ struct PlanInput {
   // entropy_weight != 0, or extras that need whole rows (predicted, accuracy,
   // entropy): no kVocabSlices.
   bool whole_row_statistics = false;
+  bool softcap = false;  // softcap > 0: no kCompactChunks
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
@@ -142,6 +144,12 @@ struct Plan {
   int64_t row_max_offset = -1;
   int64_t row_stats_offset = -1;
   int64_t d_hidden_acc_offset = -1;
+  // kCompactChunks: the chunk's fp16 probabilities, then its dlogits in place
+  // ([chunk_rows, chunk_ld] 16-bit; the logits buffer holds one slice), and
+  // the rows' slice maxima (fp32 [chunk_rows, num_slices]); with row_max and
+  // row_stats as kVocabSlices.
+  int64_t compact_offset = -1;
+  int64_t slice_max_offset = -1;
   int64_t block_bytes = 0;  // bytes allocated from the context's allocator
   int64_t gemm_workspace_bytes =
       0;                    // share of the context's cuBLASLt workspace used
@@ -162,10 +170,12 @@ enum class CeMode {
   kForward,          // loss and lse of full rows (ce::LaunchRows without grad)
   kForwardBackward,  // loss, lse and dlogits of full rows (ce::LaunchRows)
   kBackward,  // dlogits of full rows from the saved lse (ce::LaunchBackward)
-  kSliceBackward,  // dlogits of a vocabulary slice from the saved lse
-                   // (SliceBackward)
-  kSliceStats,     // a slice merged into its rows' statistics (SliceStats)
-  kSliceFinish,    // the rows' loss and lse from their statistics (no GEMM)
+  kSliceBackward,    // dlogits of a vocabulary slice from the saved lse
+                     // (SliceBackward)
+  kSliceStats,       // a slice merged into its rows' statistics (SliceStats)
+  kSliceFinish,      // the rows' loss and lse from their statistics (no GEMM)
+  kCompactStats,     // kSliceStats, keeping the slice's fp16 probabilities
+  kCompactBackward,  // dlogits of full rows from them (no G1; then G2, G3)
 };
 
 struct Block {
@@ -237,6 +247,20 @@ float* SliceTargetLogprob(const Problem& problem, const Plan& plan,
 SliceStatsArgs MakeSliceStatsArgs(const Problem& problem, const Block& block,
                                   const float* logits, float* row_max,
                                   double* row_stats);
+// kCompactStats and kCompactBackward blocks (both backends): `compact` is the
+// chunk's fp16 rows (plan.compact_offset), `slice_max` its [chunk_rows,
+// num_slices] maxima; grad_loss, lse and target_logprob are the call's [N]
+// arrays (row 0), grad_loss as the backend scaled it.
+CompactStatsArgs MakeCompactStatsArgs(const Problem& problem, const Plan& plan,
+                                      const Block& block, const float* logits,
+                                      float* row_max, double* row_stats,
+                                      uint16_t* compact, float* slice_max);
+CompactArgs MakeCompactArgs(const Problem& problem, const Plan& plan,
+                            const Block& block, uint16_t* compact,
+                            const float* slice_max,
+                            const ce::TargetStats* stats,
+                            const float* grad_loss, bool grad_loss_per_row,
+                            const float* lse, const float* target_logprob);
 SliceFinishArgs MakeSliceFinishArgs(const Problem& problem, const Block& block,
                                     const ce::TargetStats* stats,
                                     const float* row_max,

@@ -127,7 +127,11 @@ __device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
 // its columns, rescaling its sum when its max grows, so that the logits are
 // read once; then the block combines the threads' pairs and one thread merges
 // the slice's values into the row's running statistics.
-__global__ void SliceStatsKernel(SliceStatsArgs args) {
+// kCompact: the block also shares the slice's max and writes each logit's
+// exp(z - max) in fp16, re-reading the row (just read: from L1 or L2).
+template <bool kCompact>
+__global__ void SliceStatsKernel(CompactStatsArgs compact) {
+  const SliceStatsArgs& args = compact.stats;
   const int64_t row = blockIdx.x;
   const float* x = args.logits + row * args.ld;  // [cols]
   const int64_t skip =
@@ -177,6 +181,40 @@ __global__ void SliceStatsKernel(SliceStatsArgs args) {
     warp_smooth[warp] = smooth;
   }
   __syncthreads();
+  if constexpr (kCompact) {
+    __shared__ float slice_max;
+    if (threadIdx.x == 0) {
+      MaxSum total = warp_pairs[0];
+      for (int w = 1; w < kThreads / 32; ++w)
+        total = Combine(total, warp_pairs[w]);
+      slice_max = total.max;
+      compact.slice_max[row * compact.slice_max_ld] = total.max;
+    }
+    __syncthreads();
+    const float m = slice_max;
+    uint16_t* probs = compact.probs + row * compact.probs_ld;  // [cols]
+    auto prob = [m](float z) {
+      return m == -INFINITY ? __float2half_rn(0.0f)
+                            : __float2half_rn(__expf(z - m));
+    };
+    for (int64_t j0 = static_cast<int64_t>(threadIdx.x) * kPerThread;
+         j0 < args.cols; j0 += kTile) {
+      if (j0 + kPerThread <= args.cols) {
+        const float4 v = *reinterpret_cast<const float4*>(x + j0);
+        __half2 lo = __halves2half2(prob(v.x), prob(v.y));
+        __half2 hi = __halves2half2(prob(v.z), prob(v.w));
+        uint2 packed;
+        packed.x = *reinterpret_cast<uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(probs + j0) = packed;
+      } else {
+        for (int64_t j = j0; j < args.cols; ++j) {
+          const __half h = prob(x[j]);
+          probs[j] = *reinterpret_cast<const uint16_t*>(&h);
+        }
+      }
+    }
+  }
   if (threadIdx.x != 0) return;
   MaxSum total = warp_pairs[0];
   double smooth_total = warp_smooth[0];
@@ -188,6 +226,67 @@ __global__ void SliceStatsKernel(SliceStatsArgs args) {
   MergeSliceStats(args.merge, total.max, total.sum, skip >= 0, target_z,
                   smooth_total, args.row_max + row,
                   args.row_stats + row * kStats);
+}
+
+// kCompactChunks' gradient: one block per row, slice by slice, so that each
+// slice's factor exp(m - lse) is taken once a row and a logit costs an FMA;
+// eight fp16 values (one 16-byte load) in, eight gradient values out in place
+// by each thread (a thread rewrites only what it read).
+constexpr int kCompactPerThread = 8;
+constexpr int kCompactTile = kThreads * kCompactPerThread;
+
+__global__ void CompactBackwardKernel(CompactArgs args) {
+  const int64_t row = blockIdx.x;
+  const SliceArgs& slice = args.slice;
+  const SliceRow coefficients = MakeSliceRow(slice, row);
+  uint16_t* probs = args.probs + row * args.probs_ld;  // [vocab]
+  const float* maxima = args.slice_max + row * args.slice_max_ld;
+  const bool weighted = slice.class_weights != nullptr;
+  for (int64_t begin = 0; begin < slice.vocab; begin += args.slice_cols) {
+    const int64_t cols = min(args.slice_cols, slice.vocab - begin);
+    const float m = maxima[begin / args.slice_cols];
+    const float factor = coefficients.ignored || m == -INFINITY
+                             ? 0.0f
+                             : coefficients.a * __expf(m - coefficients.lse);
+    // The target's element, and every element of ignored rows, the general
+    // way; the rest as factor * e - coefficient e * w.
+    auto gradient = [&](float e, int64_t col) {
+      if (coefficients.ignored) return 0.0f;
+      if (col == coefficients.target)
+        return CompactGradient(slice, coefficients, e, m, col);
+      const float w = weighted ? slice.class_weights[col] : 1.0f;
+      return fmaf(factor, e, -coefficients.e * w);
+    };
+    uint16_t* p = probs + begin;
+    for (int64_t j0 = static_cast<int64_t>(threadIdx.x) * kCompactPerThread;
+         j0 < cols; j0 += kCompactTile) {
+      if (j0 + kCompactPerThread <= cols) {
+        uint4 packed = *reinterpret_cast<const uint4*>(p + j0);
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+        const int64_t col = begin + j0;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 e =
+              __half22float2(*reinterpret_cast<__half2*>(&words[w]));
+          const float g0 = gradient(e.x, col + 2 * w);
+          const float g1 = gradient(e.y, col + 2 * w + 1);
+          if (slice.grad_type == DType::kBF16) {
+            __nv_bfloat162 out = __floats2bfloat162_rn(g0, g1);
+            words[w] = *reinterpret_cast<uint32_t*>(&out);
+          } else {
+            __half2 out = __floats2half2_rn(g0, g1);
+            words[w] = *reinterpret_cast<uint32_t*>(&out);
+          }
+        }
+        *reinterpret_cast<uint4*>(p + j0) = packed;
+      } else {
+        for (int64_t j = j0; j < cols; ++j) {
+          const __half h = *reinterpret_cast<const __half*>(p + j);
+          Store(p, slice.grad_type, j, gradient(__half2float(h), begin + j));
+        }
+      }
+    }
+  }
 }
 
 __global__ void SliceFinishKernel(SliceFinishArgs args) {
@@ -227,8 +326,44 @@ cudaError_t LaunchSliceStats(const SliceStatsArgs& args, cudaStream_t stream) {
       args.rows > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
-  SliceStatsKernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(
-      args);
+  CompactStatsArgs compact;
+  compact.stats = args;
+  SliceStatsKernel<false>
+      <<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(compact);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCompactStats(const CompactStatsArgs& args,
+                               cudaStream_t stream) {
+  const SliceStatsArgs& stats = args.stats;
+  if (stats.rows == 0 || stats.cols == 0) return cudaSuccess;
+  // float4 loads, 8-byte stores of four fp16 values; no soft cap.
+  if (stats.ld % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(stats.logits) % 16 != 0 ||
+      args.probs_ld % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(args.probs) % 8 != 0 ||
+      stats.softcap != 0.0f || stats.rows > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  SliceStatsKernel<true>
+      <<<static_cast<unsigned>(stats.rows), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCompactBackward(const CompactArgs& args,
+                                  cudaStream_t stream) {
+  const SliceArgs& slice = args.slice;
+  if (slice.rows == 0 || slice.vocab == 0) return cudaSuccess;
+  // 16-byte accesses of eight values from each slice's start.
+  if (args.probs_ld % 8 != 0 || args.slice_cols <= 0 ||
+      (args.slice_cols % 8 != 0 && args.slice_cols < slice.vocab) ||
+      reinterpret_cast<uintptr_t>(args.probs) % 16 != 0 ||
+      (slice.grad_type != DType::kBF16 && slice.grad_type != DType::kF16) ||
+      slice.softcap != 0.0f || slice.rows > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  CompactBackwardKernel<<<static_cast<unsigned>(slice.rows), kThreads, 0,
+                          stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -97,6 +97,32 @@ struct SliceStatsArgs {
   double* row_stats = nullptr;  // [rows, kStats]
 };
 
+// kCompactChunks: SliceStats, and each logit of the slice kept as
+// e = exp(z - m) in fp16, m the row's max over the slice (e = 0 where m is
+// -inf), with m itself kept per row and slice. e is in [0, 1]: fp16 holds it
+// to 2^-11 relative above 6e-5 and to 3e-8 absolute below, under the 16-bit
+// dlogits' own rounding. No soft cap (its derivative needs z).
+struct CompactStatsArgs {
+  SliceStatsArgs stats;       // softcap 0
+  uint16_t* probs = nullptr;  // [rows, cols] fp16, row stride probs_ld
+  int64_t probs_ld = 0;
+  float* slice_max = nullptr;  // [rows] m, row stride slice_max_ld floats
+  int64_t slice_max_ld = 0;
+};
+
+// kCompactChunks: the dlogits of whole rows from their fp16 e (in place, in
+// grad_type: element j of row i stays where its e was) and the rows' slice
+// maxima, with the coefficients of SliceArgs (whose logits, ld, cols and
+// col_begin are unused; softcap 0): p_j = e_j exp(m_s(j) - lse).
+struct CompactArgs {
+  SliceArgs slice;  // rows, vocab, grad_type, targets, options, lse, ...
+  uint16_t* probs = nullptr;  // [rows, vocab] fp16 in, grad_type out
+  int64_t probs_ld = 0;
+  const float* slice_max = nullptr;  // [rows, num_slices]
+  int64_t slice_max_ld = 0;
+  int64_t slice_cols = 0;  // columns of a slice (the last may be shorter)
+};
+
 // Each row's lse, loss (as ce::RowArgs::row_loss: divided by the mean's
 // denominators when kMean) and target log-probability from its statistics
 // after the last slice. Same definitions as the cross-entropy
@@ -232,6 +258,8 @@ struct ConvertArgs {
 
 void SliceBackwardCpu(const SliceArgs& args);
 void SliceStatsCpu(const SliceStatsArgs& args);
+void CompactStatsCpu(const CompactStatsArgs& args);
+void CompactBackwardCpu(const CompactArgs& args);
 void SliceFinishCpu(const SliceFinishArgs& args);
 void ConvertCpu(const ConvertArgs& args);
 
@@ -327,6 +355,28 @@ LCE_HOST_DEVICE inline float SliceGradient(const SliceArgs& args,
                    : row.a * expf(d) - row.e * w - row.c;
   }
   return dz * cap_derivative;
+}
+
+// The gradient of column `col` of a compact row (CompactArgs) from its fp16
+// value e (as a float) and its slice's max m: SliceGradient without the soft
+// cap, p = e exp(m - lse); the target's element from the row's
+// target_logprob as there.
+LCE_HOST_DEVICE inline float CompactGradient(const SliceArgs& args,
+                                             const SliceRow& row, float e,
+                                             float m, int64_t col) {
+  if (row.ignored) return 0.0f;
+  const float w =
+      args.class_weights != nullptr ? args.class_weights[col] : 1.0f;
+  if (col != row.target) {
+    // m = -inf: every logit of the slice is -inf, e = 0, and so is p.
+    const float p = m == -INFINITY ? 0.0f : e * expf(m - row.lse);
+    return row.a * p - row.e * w;
+  }
+  const float d = row.has_target_logprob
+                      ? row.target_logprob
+                      : (m == -INFINITY ? -INFINITY : logf(e) + (m - row.lse));
+  return d > -1.0f ? row.c * expm1f(d) + row.b * expf(d) - row.e * w
+                   : row.a * expf(d) - row.e * w - row.c;
 }
 
 }  // namespace lce

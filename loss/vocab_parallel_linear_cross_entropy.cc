@@ -105,14 +105,21 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
     return InvalidArgument("max_workspace_bytes must be positive, got ",
                            options.max_workspace_bytes);
   }
+  if (options.chunk_rows < 0) {
+    return InvalidArgument(
+        "chunk_rows must be >= 0 (0: the planner's choice), got ",
+        options.chunk_rows);
+  }
   if (options.schedule == LinearCrossEntropySchedule::kTwoPass ||
-      options.schedule == LinearCrossEntropySchedule::kVocabSlices) {
+      options.schedule == LinearCrossEntropySchedule::kVocabSlices ||
+      options.schedule == LinearCrossEntropySchedule::kCompactChunks) {
     return InvalidArgument(
         "vocabulary-parallel linear cross-entropy: only the token-chunk "
         "schedule is offered, not ",
-        options.schedule == LinearCrossEntropySchedule::kTwoPass
-            ? "kTwoPass"
-            : "kVocabSlices");
+        options.schedule == LinearCrossEntropySchedule::kTwoPass ? "kTwoPass"
+        : options.schedule == LinearCrossEntropySchedule::kVocabSlices
+            ? "kVocabSlices"
+            : "kCompactChunks");
   }
   return ce::CheckCrossEntropyOptions(options.cross_entropy, v, context);
 }
@@ -218,6 +225,18 @@ absl::Status PlanLayout(const Problem& p, int world_size, Layout& layout) {
   }
   layout.max_rows =
       std::min(std::max<int64_t>(layout.max_rows, 1), std::max<int64_t>(n, 1));
+  const int64_t chunk_rows = std::min(p.options->chunk_rows, n);
+  if (chunk_rows > 0) {
+    if (chunk_rows > layout.max_rows) {
+      return InvalidArgument(
+          "max_workspace_bytes = ", p.options->max_workspace_bytes,
+          " is too small for chunks of chunk_rows = ", chunk_rows,
+          " tokens (H = ", p.hidden, ", V_r = ", v, "): they need at least ",
+          layout.fixed_bytes + kChunkSlack + chunk_rows * layout.row_bytes,
+          " bytes");
+    }
+    layout.max_rows = chunk_rows;
+  }
   return absl::OkStatus();
 }
 

@@ -177,7 +177,8 @@ struct Scenario {
   int64_t pad = 0;  // row padding of hidden, weight, d_hidden and d_weight
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
   bool smallest_budget =
-      false;  // the smallest budget the plan accepts: many chunks
+      false;               // the smallest budget the plan accepts: many chunks
+  int64_t chunk_rows = 0;  // LinearCrossEntropyOptions::chunk_rows
   double logit_scale = 1.0;
 };
 
@@ -344,6 +345,71 @@ std::vector<Scenario> Scenarios() {
   s.ignore_fraction = 0.1;
   s.schedule = S::kVocabSlices;
   s.smallest_budget = true;
+  all.push_back(s);
+
+  // The caller's chunk rows: several blocks (and chunks) where the default
+  // budget holds every token in one.
+  s = Scenario();
+  s.name = "vocab_slices_chunk_rows";
+  s.n = 130;
+  s.v = 1001;
+  s.bias = BiasKind::kF32;
+  s.schedule = S::kVocabSlices;
+  s.chunk_rows = 48;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "token_chunks_chunk_rows";
+  s.reduction = Reduction::kSum;
+  s.ignore_fraction = 0.2;
+  s.schedule = S::kTokenChunks;
+  s.chunk_rows = 10;
+  all.push_back(s);
+
+  // kCompactChunks (16-bit operands only: AllCases skips f32).
+  s = Scenario();
+  s.name = "compact_chunks_plain";
+  s.bias = BiasKind::kF32;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kCompactChunks;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "everything_compact_chunks_small";
+  s.bias = BiasKind::kOperand;
+  s.d_bias_f32 = false;
+  s.d_weight_f32 = false;
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.schedule = S::kCompactChunks;
+  s.smallest_budget = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "compact_chunks_none_padded";
+  s.reduction = Reduction::kNone;
+  s.pad = 3;
+  s.targets_i32 = true;
+  s.d_hidden_f32 = true;
+  s.bias = BiasKind::kF32;
+  s.schedule = S::kCompactChunks;
+  s.smallest_budget = true;
+  s.n = 45;
+  s.v = 301;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "compact_chunks_rows_mean_weights";
+  s.class_weights = true;
+  s.smoothing = 0.1f;
+  s.ignore_fraction = 0.2;
+  s.schedule = S::kCompactChunks;
+  s.chunk_rows = 48;
+  s.n = 130;
+  s.v = 1001;
+  s.logit_scale = 3.0;
   all.push_back(s);
 
   s = Scenario();
@@ -525,6 +591,7 @@ class Harness {
     options.cross_entropy.z_loss = s_.z_loss;
     options.cross_entropy.softcap = s_.softcap;
     options.schedule = s_.schedule;
+    options.chunk_rows = s_.chunk_rows;
     if (!d.class_weights.empty()) {
       ASSIGN_OR_RETURN(class_weights, MakeArray(c, DType::kF32, {s_.v}));
       for (int64_t j = 0; j < s_.v; ++j)
@@ -579,6 +646,8 @@ class Harness {
     in.use_tf32 = false;
     in.overlap_streams = options.overlap_streams;
     in.schedule = s_.schedule;
+    in.chunk_rows = s_.chunk_rows;
+    in.softcap = s_.softcap > 0.0f;
     return in;
   }
 
@@ -619,6 +688,8 @@ std::string ScheduleTestName(LinearCrossEntropySchedule schedule) {
       return "two_pass";
     case LinearCrossEntropySchedule::kVocabSlices:
       return "vocab_slices";
+    case LinearCrossEntropySchedule::kCompactChunks:
+      return "compact_chunks";
     default:
       return "auto";
   }
@@ -745,7 +816,13 @@ std::vector<CaseParam> AllCases() {
   std::vector<CaseParam> cases;
   for (bool gpu : {false, true}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (const Scenario& s : Scenarios()) cases.push_back({gpu, dtype, s});
+      for (const Scenario& s : Scenarios()) {
+        if (dtype == DType::kF32 &&
+            s.schedule == LinearCrossEntropySchedule::kCompactChunks) {
+          continue;  // refused: CompactChunksRefusals
+        }
+        cases.push_back({gpu, dtype, s});
+      }
     }
   }
   return cases;
@@ -775,7 +852,8 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
                             h.options.max_workspace_bytes));
   if (s.smallest_budget) {
     // Many chunks, whose boundaries do not all divide N (or V).
-    if (plan->schedule == LinearCrossEntropySchedule::kVocabSlices) {
+    if (plan->schedule == LinearCrossEntropySchedule::kVocabSlices ||
+        plan->schedule == LinearCrossEntropySchedule::kCompactChunks) {
       // Token blocks or slices (the cheaper to hold: a 16-bit d_weight's
       // fp32 accumulator [V, H] comes with several blocks).
       if (s.n >= 8) {
@@ -792,6 +870,10 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
   }
   if (s.schedule != LinearCrossEntropySchedule::kAuto) {
     EXPECT_EQ(plan->schedule, s.schedule);
+  }
+  if (s.chunk_rows > 0) {
+    EXPECT_EQ(plan->chunk_rows, s.chunk_rows);
+    EXPECT_EQ(plan->num_chunks, (s.n + s.chunk_rows - 1) / s.chunk_rows);
   }
 
   const Expected expected = Reference(s, data, {});
@@ -861,6 +943,22 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
           << "forward wrote a gradient";
     }
   }
+  if (s.schedule == LinearCrossEntropySchedule::kCompactChunks) {
+    // Refused by the split backward (nothing written), which the other
+    // schedules run.
+    const absl::Status refused =
+        LinearCrossEntropyBackward(context, h.inputs, h.lse.view,
+                                   h.grad_loss.view, h.options, h.gradients);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    ASSERT_OK(h.DownloadOutputs());
+    for (Array* array : {&h.d_hidden, &h.d_weight}) {
+      for (int64_t i = 0; i < array->numel(); ++i) {
+        ASSERT_TRUE(IsPoison(array->dtype, array->host, array->Index(i)))
+            << "the refused backward wrote a gradient";
+      }
+    }
+    h.options.schedule = LinearCrossEntropySchedule::kAuto;
+  }
   ASSERT_OK(LinearCrossEntropyBackward(
       context, h.inputs, h.lse.view, h.grad_loss.view, h.options, h.gradients));
   ASSERT_OK(h.DownloadOutputs());
@@ -877,6 +975,58 @@ INSTANTIATE_TEST_SUITE_P(Ops, LinearCrossEntropyCaseTest,
 // that tile [0, V), forwards for the statistics (then the finish), backwards
 // for the gradients, with the accumulation flags each step needs; the
 // accumulators it needs are planned, and the last regions end in the block.
+// kCompactChunks: token chunks tile [0, N) in order; each runs its slices'
+// compact statistics over [0, V) in order, the finish, then one gradient
+// block of the whole rows in the compact rows, which hold them.
+void ExpectCompactBlocks(const lce::PlanInput& in, const lce::Plan& plan) {
+  const std::vector<lce::Block> blocks = lce::MakeBlocks(in, plan);
+  EXPECT_EQ(static_cast<int64_t>(blocks.size()),
+            plan.num_chunks * (plan.num_slices + 2));
+  EXPECT_GE(plan.compact_offset, 0);
+  EXPECT_GE(plan.slice_max_offset, 0);
+  // The kernels' 8-value accesses from each slice's start.
+  EXPECT_TRUE(plan.slice_cols % 8 == 0 || plan.num_slices == 1);
+  EXPECT_EQ(plan.chunk_ld % 8, 0);
+  EXPECT_EQ(plan.compact_offset % 16, 0);
+  size_t k = 0;
+  int64_t next_row = 0;
+  for (int64_t c = 0; c < plan.num_chunks; ++c) {
+    const int64_t row_begin = blocks[k].row_begin;
+    const int64_t row_end = blocks[k].row_end;
+    EXPECT_EQ(row_begin, next_row);
+    EXPECT_GT(row_end, row_begin);
+    EXPECT_LE(row_end - row_begin, plan.chunk_rows);
+    EXPECT_LE((row_end - row_begin) * plan.slice_ld * 4, plan.logits_bytes);
+    next_row = row_end;
+    int64_t next_col = 0;
+    for (int64_t s = 0; s < plan.num_slices; ++s, ++k) {
+      const lce::Block& b = blocks[k];
+      EXPECT_EQ(b.mode, lce::CeMode::kCompactStats);
+      EXPECT_EQ(b.row_begin, row_begin);
+      EXPECT_EQ(b.col_begin, next_col);
+      EXPECT_LE(b.col_end - b.col_begin, b.ld);
+      EXPECT_EQ(b.accumulate, s > 0);
+      next_col = b.col_end;
+    }
+    EXPECT_EQ(next_col, in.vocab);
+    EXPECT_EQ(blocks[k++].mode, lce::CeMode::kSliceFinish);
+    const lce::Block& b = blocks[k++];
+    EXPECT_EQ(b.mode, lce::CeMode::kCompactBackward);
+    EXPECT_EQ(b.row_begin, row_begin);
+    EXPECT_EQ(b.col_begin, 0);
+    EXPECT_EQ(b.col_end, in.vocab);
+    EXPECT_EQ(b.ld, plan.chunk_ld);
+    EXPECT_TRUE(b.d_hidden && b.d_weight);
+    EXPECT_EQ(b.accumulate, c > 0);
+  }
+  EXPECT_EQ(next_row, in.tokens);
+  // The compact rows and the slice maxima fit in the block.
+  EXPECT_LE(plan.compact_offset + 2 * plan.chunk_rows * plan.chunk_ld,
+            plan.block_bytes);
+  EXPECT_LE(plan.slice_max_offset + 4 * plan.chunk_rows * plan.num_slices,
+            plan.block_bytes);
+}
+
 void ExpectVocabSliceBlocks(const lce::PlanInput& in, const lce::Plan& plan) {
   const bool stats = in.pass != lce::Pass::kBackward;
   const bool backward = in.pass != lce::Pass::kForward;
@@ -953,6 +1103,7 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     return std::uniform_int_distribution<int64_t>(low, high)(rng);
   };
   int feasible = 0;
+  int compact_plans = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     lce::PlanInput in;
     in.pass = static_cast<lce::Pass>(pick(0, 2));
@@ -971,27 +1122,41 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     in.lse_given = in.pass == lce::Pass::kBackward || pick(0, 1);
     in.max_workspace_bytes = int64_t{1} << pick(10, 33);
     in.max_workspace_bytes += pick(0, in.max_workspace_bytes);
-    in.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 3));
+    in.schedule = static_cast<LinearCrossEntropySchedule>(pick(0, 4));
+    in.softcap = pick(0, 3) == 0;
+    in.chunk_rows = pick(0, 3) == 0 ? pick(1, 300) : 0;
     const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
+    const bool compact_refused =
+        in.schedule == LinearCrossEntropySchedule::kCompactChunks &&
+        in.tokens > 0 && in.pass != lce::Pass::kForward &&
+        (in.pass == lce::Pass::kBackward || in.operand_type == DType::kF32 ||
+         in.softcap);
     if (!plan.ok()) {
       EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(plan.status().message().find("needs at least"),
-                absl::string_view::npos);
+      EXPECT_NE(plan.status().message().find(
+                    compact_refused ? "kCompactChunks" : "needs at least"),
+                absl::string_view::npos)
+          << plan.status();
       continue;
     }
+    EXPECT_FALSE(compact_refused) << plan->ToString();
     ++feasible;
     SCOPED_TRACE(absl::StrCat(
         "N=", in.tokens, " H=", in.hidden, " V=", in.vocab,
         " budget=", in.max_workspace_bytes, ": ", plan->ToString()));
     EXPECT_LE(plan->total_bytes, in.max_workspace_bytes);
     EXPECT_EQ(plan->chunk_ld % 8, 0);
+    if (in.chunk_rows > 0) {
+      EXPECT_EQ(plan->chunk_rows, std::min(in.chunk_rows, in.tokens));
+    }
     // Sub-buffers inside the block, after the logits.
     for (int64_t offset :
          {plan->stats_offset, plan->row_loss_offset, plan->lse_offset,
           plan->grad_scale_offset, plan->bias_offset, plan->ones_offset,
           plan->d_bias_acc_offset, plan->d_weight_acc_offset,
           plan->row_max_offset, plan->row_stats_offset,
-          plan->d_hidden_acc_offset, plan->target_logprob_offset}) {
+          plan->d_hidden_acc_offset, plan->target_logprob_offset,
+          plan->compact_offset, plan->slice_max_offset}) {
       if (offset < 0) continue;
       EXPECT_EQ(offset % 256, 0);
       EXPECT_GE(offset, plan->logits_bytes);
@@ -999,6 +1164,11 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     }
     if (plan->schedule == LinearCrossEntropySchedule::kVocabSlices) {
       ExpectVocabSliceBlocks(in, *plan);
+      continue;
+    }
+    if (plan->schedule == LinearCrossEntropySchedule::kCompactChunks) {
+      ++compact_plans;
+      ExpectCompactBlocks(in, *plan);
       continue;
     }
     if (in.pass != lce::Pass::kForward && in.d_weight_type != DType::kF32 &&
@@ -1037,6 +1207,7 @@ TEST(LinearCrossEntropyPlanTest, PlansFitTheBudgetAndBlocksCoverTheProblem) {
     }
   }
   EXPECT_GT(feasible, 1000);
+  EXPECT_GT(compact_plans, 20);
 }
 
 lce::PlanInput BenchPlanInput(int64_t n, int64_t h, int64_t v, int64_t budget,
@@ -1151,7 +1322,8 @@ TEST_P(LinearCrossEntropyTest, AllIgnoredGivesZeroLossAndGradients) {
   for (LinearCrossEntropySchedule schedule :
        {LinearCrossEntropySchedule::kTokenChunks,
         LinearCrossEntropySchedule::kTwoPass,
-        LinearCrossEntropySchedule::kVocabSlices}) {
+        LinearCrossEntropySchedule::kVocabSlices,
+        LinearCrossEntropySchedule::kCompactChunks}) {
     Scenario s;
     s.ignore_fraction = 1.0;
     s.bias = BiasKind::kF32;
@@ -1250,6 +1422,8 @@ TEST_P(LinearCrossEntropyTest, BadInputsAreRejectedAndWriteNothing) {
        [](auto&, auto& o, auto&, auto&) { o.max_workspace_bytes = 1000; }},
       {"zero budget",
        [](auto&, auto& o, auto&, auto&) { o.max_workspace_bytes = 0; }},
+      {"negative chunk rows",
+       [](auto&, auto& o, auto&, auto&) { o.chunk_rows = -1; }},
       {"target out of range",
        [&](auto& in, auto&, auto&, auto&) { in.targets = wrong_target.view; }},
       {"negative class weight",
@@ -1366,6 +1540,86 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
 // the merged statistics, on the forward and the fused pass, and refuses the
 // extras and the entropy term that need whole rows: InvalidArgument, nothing
 // written.
+// kCompactChunks writes target_logprob on the fused pass, and refuses what it
+// cannot compute: f32 operands, the soft cap, whole-row statistics and the
+// split backward, with InvalidArgument and nothing written.
+TEST_P(LinearCrossEntropyTest, CompactChunksTargetLogprobAndRefusals) {
+  Scenario s;
+  s.n = 40;
+  s.v = 260;
+  s.logit_scale = 2.0;
+  s.class_weights = true;
+  s.ignore_fraction = 0.2;
+  s.schedule = LinearCrossEntropySchedule::kCompactChunks;
+  const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+  Harness h(s, DType::kBF16);
+  ASSERT_OK(h.Init(device(), data));
+  h.options.max_workspace_bytes = SmallestBudget(h.FusedPlanInput());
+  Context& context = h.context();
+  ASSERT_OK_AND_ASSIGN(Array logprob, MakeArray(context, DType::kF32, {s.n}));
+  ASSERT_OK_AND_ASSIGN(Array predicted, MakeArray(context, DType::kI64, {s.n}));
+  const ReferenceResult r = ReferenceOnLogits(s, data, {});
+  {
+    ASSERT_OK(h.PoisonOutputs());
+    ASSERT_OK(PoisonArray(context, logprob));
+    CrossEntropyExtras extras;
+    extras.target_logprob = logprob.view;
+    ASSERT_OK(LinearCrossEntropyForwardBackward(context, h.inputs, h.options,
+                                                h.loss.view, &h.lse.view,
+                                                h.gradients, nullptr, &extras));
+    ASSERT_OK(Download(context, logprob));
+    for (int64_t i = 0; i < s.n; ++i) {
+      if (data.targets[i] == kIgnore) {
+        EXPECT_EQ(logprob.Get(i), 0.0) << i;
+        continue;
+      }
+      const double want = r.target_logprob[i];
+      EXPECT_NEAR(logprob.Get(i), want, 1e-5 * std::fabs(want) + 1e-6) << i;
+    }
+  }
+  const struct {
+    const char* name;
+    std::function<void(LinearCrossEntropyOptions&, CrossEntropyExtras&)> change;
+  } refusals[] = {
+      {"soft cap", [](auto& o, auto&) { o.cross_entropy.softcap = 5.0f; }},
+      {"entropy_weight",
+       [](auto& o, auto&) { o.cross_entropy.entropy_weight = 0.1f; }},
+      {"predicted", [&](auto&, auto& e) { e.predicted = predicted.view; }},
+  };
+  for (const auto& refusal : refusals) {
+    SCOPED_TRACE(refusal.name);
+    ASSERT_OK(h.PoisonOutputs());
+    ASSERT_OK(PoisonArray(context, predicted));
+    const Bytes predicted_before = predicted.host;
+    LinearCrossEntropyOptions options = h.options;
+    CrossEntropyExtras extras;
+    refusal.change(options, extras);
+    const absl::Status status = LinearCrossEntropyForwardBackward(
+        context, h.inputs, options, h.loss.view, &h.lse.view, h.gradients,
+        nullptr, &extras);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("kCompactChunks"), absl::string_view::npos)
+        << status;
+    ASSERT_OK(h.DownloadOutputs());
+    ASSERT_OK(Download(context, predicted));
+    ExpectAllPoison(h.loss, "refused loss");
+    ExpectAllPoison(h.d_weight, "refused d_weight");
+    EXPECT_TRUE(predicted.host == predicted_before) << "refused predicted";
+  }
+  // f32 operands.
+  const Data data32 = MakeData(s, DType::kF32, test::TestSeed());
+  Harness h32(s, DType::kF32);
+  ASSERT_OK(h32.Init(device(), data32));
+  ASSERT_OK(h32.PoisonOutputs());
+  const absl::Status status = LinearCrossEntropyForwardBackward(
+      h32.context(), h32.inputs, h32.options, h32.loss.view, &h32.lse.view,
+      h32.gradients);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  ASSERT_OK(h32.DownloadOutputs());
+  ExpectAllPoison(h32.loss, "f32 loss");
+  ExpectAllPoison(h32.d_hidden, "f32 d_hidden");
+}
+
 TEST_P(LinearCrossEntropyTest, VocabSlicesTargetLogprobAndRefusedExtras) {
   Scenario s;
   s.n = 40;
@@ -1595,19 +1849,35 @@ TEST_P(LinearCrossEntropyPrecisionTest, F32GradientsCarryTheDlogitsRounding) {
         "%s %s: relative error %.3g against the rounded dlogits' "
         "products, %.3g against the exact gradient\n",
         DTypeName(dtype), g.name, to_emulated, to_exact);
-    EXPECT_LT(to_emulated, emulation_bound) << g.name;
     EXPECT_GT(to_exact, 1e-5) << g.name;
     EXPECT_LT(to_exact, 2 * u) << g.name;
-    EXPECT_LT(10 * to_emulated, to_exact) << g.name;
+    if (s.schedule == LinearCrossEntropySchedule::kCompactChunks) {
+      // The fp16 probabilities' rounding comes on top of the dlogits':
+      // within half as much again of the rounded dlogits' own error.
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < g.exact.size(); ++i) {
+        diff += (g.emulated[i] - g.exact[i]) * (g.emulated[i] - g.exact[i]);
+        norm += g.exact[i] * g.exact[i];
+      }
+      const double rounding = std::sqrt(diff / norm);
+      std::printf("%s %s: the rounded dlogits' own error %.3g\n",
+                  DTypeName(dtype), g.name, rounding);
+      EXPECT_LT(to_exact, 1.5 * rounding) << g.name;
+    } else {
+      EXPECT_LT(to_emulated, emulation_bound) << g.name;
+      EXPECT_LT(10 * to_emulated, to_exact) << g.name;
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     SixteenBitOperands, LinearCrossEntropyPrecisionTest,
-    testing::Combine(testing::Values(DType::kBF16, DType::kF16),
-                     testing::Values(LinearCrossEntropySchedule::kTokenChunks,
-                                     LinearCrossEntropySchedule::kTwoPass,
-                                     LinearCrossEntropySchedule::kVocabSlices)),
+    testing::Combine(
+        testing::Values(DType::kBF16, DType::kF16),
+        testing::Values(LinearCrossEntropySchedule::kTokenChunks,
+                        LinearCrossEntropySchedule::kTwoPass,
+                        LinearCrossEntropySchedule::kVocabSlices,
+                        LinearCrossEntropySchedule::kCompactChunks)),
     [](const testing::TestParamInfo<
         std::tuple<DType, LinearCrossEntropySchedule>>& info) {
       return absl::StrCat(DTypeName(std::get<0>(info.param)), "_",

@@ -90,6 +90,7 @@ struct Scenario : test::LossScenario {
   bool d_weight_f32 = true;
   bool d_bias_f32 = true;
   int64_t budget = int64_t{1} << 30;  // the vocabulary-parallel op's
+  int64_t chunk_rows = 0;             // LinearCrossEntropyOptions::chunk_rows
   double logit_scale = 1.0;
 };
 
@@ -150,6 +151,13 @@ std::vector<Scenario> Scenarios() {
   s.class_weights = true;
   s.ignore_fraction = 0.1;
   s.z_loss = 1e-3f;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "chunk_rows";  // chunks of 8 rows within the default budget
+  s.bias = BiasKind::kF32;
+  s.ignore_fraction = 0.2;
+  s.chunk_rows = 8;
   all.push_back(s);
 
   s = Scenario();
@@ -364,6 +372,7 @@ absl::Status RunRank(Context& context, Communicator* comm, int r,
     host_cw = d.class_weights->Columns(begin, count);
   LinearCrossEntropyOptions options = Options(s, host_cw);
   options.max_workspace_bytes = s.budget;
+  options.chunk_rows = s.chunk_rows;
   options.use_tf32 = false;
   if (tamper) tamper(r, shard, host, options);
 
@@ -785,6 +794,20 @@ std::vector<BadCase> BadCases() {
                    [](int rank, VocabShard&, LinearCrossEntropyInputs&,
                       LinearCrossEntropyOptions& options) {
                      if (rank == 3) options.max_workspace_bytes = 1024;
+                   }});
+  cases.push_back({"negative_chunk_rows", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 1) options.chunk_rows = -1;
+                   }});
+  cases.push_back({"chunk_rows_beyond_the_budget", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 2) {
+                       // Room for about 16 of the 37 rows.
+                       options.max_workspace_bytes = 8 << 10;
+                       options.chunk_rows = 1000;
+                     }
                    }});
   cases.push_back({"two_pass", true,
                    [](int rank, VocabShard&, LinearCrossEntropyInputs&,
