@@ -144,8 +144,10 @@ enum class LinearCrossEntropySchedule {
   // gradient is then formed from them in place, for one d_hidden and one
   // d_weight GEMM a chunk. Half the bytes a logit of kTokenChunks: about twice
   // the tokens a chunk in the same budget, so half the d_weight accumulations,
-  // and no GEMM recomputed. 16-bit operands only; no soft cap, and none of
-  // kVocabSlices's refused options.
+  // and no GEMM recomputed. 16-bit operands only; no soft cap, none of
+  // kVocabSlices's refused options, no split backward (its forward alone is
+  // kVocabSlices'). Runs only when asked for: kAuto does not choose it before
+  // it has been timed beside the others on the GPU.
   kCompactChunks,
 };
 
