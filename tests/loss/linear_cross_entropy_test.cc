@@ -1469,22 +1469,50 @@ TEST_P(LinearCrossEntropyTest, BadInputsAreRejectedAndWriteNothing) {
 }
 
 // The budget error names the smallest budget that works, and that budget works.
+// Also with the caller's chunk rows, on each schedule that takes them: the
+// named budget runs chunks of exactly those rows.
 TEST_P(LinearCrossEntropyTest, TooSmallBudgetNamesTheSmallestOne) {
-  Scenario s;
-  s.schedule = LinearCrossEntropySchedule::kTokenChunks;
-  const Data data = MakeData(s, DType::kF32, test::TestSeed());
-  Harness h(s, DType::kF32);
-  ASSERT_OK(h.Init(device(), data));
-  h.options.max_workspace_bytes = 512;
-  const absl::Status status = LinearCrossEntropyForwardBackward(
-      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients);
-  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(status.message());
-  const size_t at = message.find("needs at least ");
-  ASSERT_NE(at, std::string::npos) << message;
-  h.options.max_workspace_bytes = std::stoll(message.substr(at + 15));
-  ASSERT_OK(LinearCrossEntropyForwardBackward(
-      h.context(), h.inputs, h.options, h.loss.view, &h.lse.view, h.gradients));
+  using S = LinearCrossEntropySchedule;
+  const struct {
+    S schedule;
+    DType dtype;
+    int64_t chunk_rows;
+  } cases[] = {{S::kTokenChunks, DType::kF32, 0},
+               {S::kTokenChunks, DType::kF32, 20},
+               {S::kVocabSlices, DType::kF32, 16},
+               {S::kCompactChunks, DType::kBF16, 24}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(absl::StrCat(ScheduleTestName(c.schedule), ", chunk rows ",
+                              c.chunk_rows));
+    Scenario s;
+    s.schedule = c.schedule;
+    s.chunk_rows = c.chunk_rows;
+    const Data data = MakeData(s, c.dtype, test::TestSeed());
+    Harness h(s, c.dtype);
+    ASSERT_OK(h.Init(device(), data));
+    h.options.max_workspace_bytes = 512;
+    const absl::Status status = LinearCrossEntropyForwardBackward(
+        h.context(), h.inputs, h.options, h.loss.view, &h.lse.view,
+        h.gradients);
+    ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(status.message());
+    const size_t at = message.find("needs at least ");
+    ASSERT_NE(at, std::string::npos) << message;
+    h.options.max_workspace_bytes = std::stoll(message.substr(at + 15));
+    ASSERT_OK(LinearCrossEntropyForwardBackward(h.context(), h.inputs,
+                                                h.options, h.loss.view,
+                                                &h.lse.view, h.gradients));
+    if (c.chunk_rows > 0) {
+      lce::PlanInput in = h.FusedPlanInput();
+      in.lse_given = true;  // as the call above
+      absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
+      ASSERT_OK(plan.status());
+      EXPECT_EQ(plan->chunk_rows, c.chunk_rows);
+      // One byte less does not fit (to the bisection's byte).
+      in.max_workspace_bytes -= 1;
+      EXPECT_FALSE(lce::MakePlan(in).ok());
+    }
+  }
 }
 
 // Rows whose target is near certain (1 - p_t about 2e-8, far below an f32
