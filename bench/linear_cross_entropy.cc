@@ -579,7 +579,7 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
       point.budget = budget;
       point.chunk_rows = rows;
       point.plan = PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda);
-      // A cap the budget cannot honour is a plan error: say so, time the rest.
+      // Chunk rows the budget cannot hold: say so, and time the rest.
       const absl::StatusOr<Measured> m =
           Measure(context, fused(budget, t.d_weight.view));
       if (!m.ok()) {

@@ -223,8 +223,9 @@ class CpuBackend final : public Backend {
   double* row_stats_ = nullptr;    // [N, kStats] (vocabulary slices)
   uint16_t* compact_ = nullptr;    // [chunk_rows, chunk_ld] (compact chunks)
   float* slice_max_ = nullptr;     // [chunk_rows, num_slices] (compact chunks)
-  RowMajor compact_dlogits_;       // their dlogits widened to fp32 (outside the
-                              // budget, as the fp32 copies of the operands)
+  // The compact chunks' dlogits widened to fp32, outside the budget like the
+  // fp32 copies of 16-bit operands.
+  RowMajor compact_dlogits_;
   const float* grad_loss_ = nullptr;
   bool grad_loss_per_row_ = false;
   float scale_ = 1.0f;
