@@ -976,30 +976,45 @@ CompactStatsArgs MakeCompactStatsArgs(const Problem& problem, const Plan& plan,
   return args;
 }
 
+SliceArgs MakeSliceArgs(const Problem& problem, const Block& block,
+                        int64_t row_begin, int64_t row_end, float* logits,
+                        const ce::TargetStats* stats, const float* grad_loss,
+                        bool grad_loss_per_row, const float* lse,
+                        const float* target_logprob) {
+  const Tensor& targets = problem.inputs->targets;
+  SliceArgs args;
+  args.logits = logits;
+  args.ld = block.ld;
+  args.rows = row_end - row_begin;
+  args.cols = block.col_end - block.col_begin;
+  args.col_begin = block.col_begin;
+  args.vocab = problem.vocab;
+  args.grad_type = problem.operand_type();
+  args.targets = static_cast<const char*>(targets.data) +
+                 row_begin * DTypeSize(targets.dtype);
+  args.targets_i64 = targets.dtype == DType::kI64;
+  ce::CopyOptions(problem.options->cross_entropy, &args);
+  args.stats = stats;
+  args.grad_loss = grad_loss == nullptr
+                       ? nullptr
+                       : grad_loss + (grad_loss_per_row ? row_begin : 0);
+  args.grad_loss_per_row = grad_loss_per_row;
+  args.lse = lse + row_begin;
+  args.target_logprob =
+      target_logprob != nullptr ? target_logprob + row_begin : nullptr;
+  return args;
+}
+
 CompactArgs MakeCompactArgs(const Problem& problem, const Plan& plan,
                             const Block& block, uint16_t* compact,
                             const float* slice_max,
                             const ce::TargetStats* stats,
                             const float* grad_loss, bool grad_loss_per_row,
                             const float* lse, const float* target_logprob) {
-  const Tensor& targets = problem.inputs->targets;
-  const int64_t row = block.row_begin;
   CompactArgs args;
-  SliceArgs& slice = args.slice;
-  slice.rows = block.row_end - row;
-  slice.vocab = problem.vocab;
-  slice.grad_type = problem.operand_type();
-  slice.targets =
-      static_cast<const char*>(targets.data) + row * DTypeSize(targets.dtype);
-  slice.targets_i64 = targets.dtype == DType::kI64;
-  ce::CopyOptions(problem.options->cross_entropy, &slice);
-  slice.stats = stats;
-  slice.grad_loss = grad_loss == nullptr
-                        ? nullptr
-                        : grad_loss + (grad_loss_per_row ? row : 0);
-  slice.grad_loss_per_row = grad_loss_per_row;
-  slice.lse = lse + row;
-  slice.target_logprob = target_logprob + row;
+  args.slice =
+      MakeSliceArgs(problem, block, block.row_begin, block.row_end, nullptr,
+                    stats, grad_loss, grad_loss_per_row, lse, target_logprob);
   args.probs = compact;
   args.probs_ld = plan.chunk_ld;
   args.slice_max = slice_max;

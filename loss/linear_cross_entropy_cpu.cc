@@ -327,23 +327,9 @@ void CpuBackend::CrossEntropy(const Block& block) {
   const Tensor& targets = problem_.inputs->targets;
   const int64_t row = block.row_begin;
   if (block.mode == CeMode::kSliceBackward) {
-    SliceArgs args;
-    args.logits = logits_;
-    args.ld = block.ld;
-    args.rows = block.row_end - row;
-    args.cols = block.col_end - block.col_begin;
-    args.col_begin = block.col_begin;
-    args.vocab = problem_.vocab;
-    args.grad_type = operand_;
-    args.targets = Targets(row);
-    args.targets_i64 = targets.dtype == DType::kI64;
-    ce::CopyOptions(ce_, &args);
-    args.stats = stats_;
-    args.grad_loss = GradLoss(row);
-    args.grad_loss_per_row = grad_loss_per_row_;
-    args.lse = lse_ + row;
-    args.target_logprob =
-        target_logprob_ != nullptr ? target_logprob_ + row : nullptr;
+    const SliceArgs args =
+        MakeSliceArgs(problem_, block, row, block.row_end, logits_, stats_,
+                      grad_loss_, grad_loss_per_row_, lse_, target_logprob_);
     SliceBackwardCpu(args);
     return;
   }

@@ -377,23 +377,9 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
                                        int64_t row_end, cudaStream_t stream) {
   const Tensor& targets = problem_.inputs->targets;
   if (block.mode == CeMode::kSliceBackward) {
-    SliceArgs args;
-    args.logits = Logits(block, row_begin);
-    args.ld = block.ld;
-    args.rows = row_end - row_begin;
-    args.cols = block.col_end - block.col_begin;
-    args.col_begin = block.col_begin;
-    args.vocab = problem_.vocab;
-    args.grad_type = operand_;
-    args.targets = Targets(row_begin);
-    args.targets_i64 = targets.dtype == DType::kI64;
-    ce::CopyOptions(ce_, &args);
-    args.stats = stats_;
-    args.grad_loss = GradLoss(row_begin);
-    args.grad_loss_per_row = grad_loss_per_row_;
-    args.lse = lse_ + row_begin;
-    args.target_logprob =
-        target_logprob_ != nullptr ? target_logprob_ + row_begin : nullptr;
+    const SliceArgs args = MakeSliceArgs(
+        problem_, block, row_begin, row_end, Logits(block, row_begin), stats_,
+        grad_loss_, grad_loss_per_row_, lse_, target_logprob_);
     CUDA_RETURN_IF_ERROR(LaunchSliceBackward(args, stream));
     return absl::OkStatus();
   }

@@ -247,6 +247,15 @@ float* SliceTargetLogprob(const Problem& problem, const Plan& plan,
 SliceStatsArgs MakeSliceStatsArgs(const Problem& problem, const Block& block,
                                   const float* logits, float* row_max,
                                   double* row_stats);
+// The arguments of a kSliceBackward block's rows [row_begin, row_end) (both
+// backends): `logits` holds row_begin's slice; grad_loss, lse and
+// target_logprob (null: none) are the call's [N] arrays (row 0), grad_loss as
+// the backend scaled it.
+SliceArgs MakeSliceArgs(const Problem& problem, const Block& block,
+                        int64_t row_begin, int64_t row_end, float* logits,
+                        const ce::TargetStats* stats, const float* grad_loss,
+                        bool grad_loss_per_row, const float* lse,
+                        const float* target_logprob);
 // kCompactStats and kCompactBackward blocks (both backends): `compact` is the
 // chunk's fp16 rows (plan.compact_offset), `slice_max` its [chunk_rows,
 // num_slices] maxima; grad_loss, lse and target_logprob are the call's [N]
