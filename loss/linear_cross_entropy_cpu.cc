@@ -65,41 +65,46 @@ void SliceBackwardCpu(const SliceArgs& args) {
   }
 }
 
-void SliceStatsCpu(const SliceStatsArgs& args) {
-  for (int64_t i = 0; i < args.rows; ++i) {
-    const float* x = args.logits + i * args.ld;  // [cols]
-    const int64_t skip =
-        SliceTargetColumn(args.targets, args.targets_i64, i, args.ignore_index,
-                          args.col_begin, args.cols);
-    float max = -INFINITY;
-    for (int64_t j = 0; j < args.cols; ++j)
-      max = std::max(max, SoftcapLogit(x[j], args.softcap));
-    double rest = 0.0, smooth = 0.0;
-    for (int64_t j = 0; j < args.cols; ++j) {
-      const float z = SoftcapLogit(x[j], args.softcap);
-      if (j != skip && max != -INFINITY) rest += std::exp(z - max);
-      if (args.smoothing) {
-        const float w = args.class_weights != nullptr
-                            ? args.class_weights[args.col_begin + j]
-                            : 1.0f;
-        smooth += static_cast<double>(w) * z;
-      }
+namespace {
+
+// Row i of SliceStatsArgs merged into its statistics; returns the slice's max.
+float SliceStatsRowCpu(const SliceStatsArgs& args, int64_t i) {
+  const float* x = args.logits + i * args.ld;  // [cols]
+  const int64_t skip =
+      SliceTargetColumn(args.targets, args.targets_i64, i, args.ignore_index,
+                        args.col_begin, args.cols);
+  float max = -INFINITY;
+  for (int64_t j = 0; j < args.cols; ++j)
+    max = std::max(max, SoftcapLogit(x[j], args.softcap));
+  double rest = 0.0, smooth = 0.0;
+  for (int64_t j = 0; j < args.cols; ++j) {
+    const float z = SoftcapLogit(x[j], args.softcap);
+    if (j != skip && max != -INFINITY) rest += std::exp(z - max);
+    if (args.smoothing) {
+      const float w = args.class_weights != nullptr
+                          ? args.class_weights[args.col_begin + j]
+                          : 1.0f;
+      smooth += static_cast<double>(w) * z;
     }
-    const double target_z =
-        skip >= 0 ? SoftcapLogit(x[skip], args.softcap) : 0.0;
-    MergeSliceStats(args.merge, max, rest, skip >= 0, target_z, smooth,
-                    args.row_max + i, args.row_stats + i * kStats);
   }
+  const double target_z = skip >= 0 ? SoftcapLogit(x[skip], args.softcap) : 0.0;
+  MergeSliceStats(args.merge, max, rest, skip >= 0, target_z, smooth,
+                  args.row_max + i, args.row_stats + i * kStats);
+  return max;
+}
+
+}  // namespace
+
+void SliceStatsCpu(const SliceStatsArgs& args) {
+  for (int64_t i = 0; i < args.rows; ++i) SliceStatsRowCpu(args, i);
 }
 
 void CompactStatsCpu(const CompactStatsArgs& args) {
-  SliceStatsCpu(args.stats);
   const SliceStatsArgs& stats = args.stats;
   for (int64_t i = 0; i < stats.rows; ++i) {
-    const float* x = stats.logits + i * stats.ld;  // [cols]
-    float max = -INFINITY;
-    for (int64_t j = 0; j < stats.cols; ++j) max = std::max(max, x[j]);
+    const float max = SliceStatsRowCpu(stats, i);  // softcap 0: raw logits
     args.slice_max[i * args.slice_max_ld] = max;
+    const float* x = stats.logits + i * stats.ld;  // [cols]
     uint16_t* probs = args.probs + i * args.probs_ld;
     for (int64_t j = 0; j < stats.cols; ++j) {
       probs[j] = FloatToF16Bits(max == -INFINITY ? 0.0f : std::exp(x[j] - max));

@@ -181,12 +181,18 @@ __global__ void SliceStatsKernel(CompactStatsArgs compact) {
     warp_smooth[warp] = smooth;
   }
   __syncthreads();
+  // Thread 0 combines the block's values (the only thread that uses them).
+  MaxSum total = warp_pairs[0];
+  double smooth_total = warp_smooth[0];
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      total = Combine(total, warp_pairs[w]);
+      smooth_total += warp_smooth[w];
+    }
+  }
   if constexpr (kCompact) {
     __shared__ float slice_max;
     if (threadIdx.x == 0) {
-      MaxSum total = warp_pairs[0];
-      for (int w = 1; w < kThreads / 32; ++w)
-        total = Combine(total, warp_pairs[w]);
       slice_max = total.max;
       compact.slice_max[row * compact.slice_max_ld] = total.max;
     }
@@ -216,12 +222,6 @@ __global__ void SliceStatsKernel(CompactStatsArgs compact) {
     }
   }
   if (threadIdx.x != 0) return;
-  MaxSum total = warp_pairs[0];
-  double smooth_total = warp_smooth[0];
-  for (int w = 1; w < kThreads / 32; ++w) {
-    total = Combine(total, warp_pairs[w]);
-    smooth_total += warp_smooth[w];
-  }
   const double target_z = skip >= 0 ? SoftcapLogit(x[skip], args.softcap) : 0.0;
   MergeSliceStats(args.merge, total.max, total.sum, skip >= 0, target_z,
                   smooth_total, args.row_max + row,
@@ -359,7 +359,8 @@ cudaError_t LaunchCompactBackward(const CompactArgs& args,
       (args.slice_cols % 8 != 0 && args.slice_cols < slice.vocab) ||
       reinterpret_cast<uintptr_t>(args.probs) % 16 != 0 ||
       (slice.grad_type != DType::kBF16 && slice.grad_type != DType::kF16) ||
-      slice.softcap != 0.0f || slice.rows > INT32_MAX) {
+      slice.softcap != 0.0f || slice.target_logprob == nullptr ||
+      slice.rows > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
   CompactBackwardKernel<<<static_cast<unsigned>(slice.rows), kThreads, 0,

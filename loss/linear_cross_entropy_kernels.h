@@ -113,7 +113,8 @@ struct CompactStatsArgs {
 // kCompactChunks: the dlogits of whole rows from their fp16 e (in place, in
 // grad_type: element j of row i stays where its e was) and the rows' slice
 // maxima, with the coefficients of SliceArgs (whose logits, ld, cols and
-// col_begin are unused; softcap 0): p_j = e_j exp(m_s(j) - lse).
+// col_begin are unused; softcap 0; target_logprob required): p_j =
+// e_j exp(m_s(j) - lse).
 struct CompactArgs {
   SliceArgs slice;  // rows, vocab, grad_type, targets, options, lse, ...
   uint16_t* probs = nullptr;  // [rows, vocab] fp16 in, grad_type out
@@ -360,7 +361,7 @@ LCE_HOST_DEVICE inline float SliceGradient(const SliceArgs& args,
 // The gradient of column `col` of a compact row (CompactArgs) from its fp16
 // value e (as a float) and its slice's max m: SliceGradient without the soft
 // cap, p = e exp(m - lse); the target's element from the row's
-// target_logprob as there.
+// target_logprob (required: CompactArgs::slice.target_logprob non-null).
 LCE_HOST_DEVICE inline float CompactGradient(const SliceArgs& args,
                                              const SliceRow& row, float e,
                                              float m, int64_t col) {
@@ -372,9 +373,9 @@ LCE_HOST_DEVICE inline float CompactGradient(const SliceArgs& args,
     const float p = m == -INFINITY ? 0.0f : e * expf(m - row.lse);
     return row.a * p - row.e * w;
   }
-  const float d = row.has_target_logprob
-                      ? row.target_logprob
-                      : (m == -INFINITY ? -INFINITY : logf(e) + (m - row.lse));
+  // The compact chunks always have the target's log-probability (their
+  // finish writes it): no fallback to e and m.
+  const float d = row.target_logprob;
   return d > -1.0f ? row.c * expm1f(d) + row.b * expf(d) - row.e * w
                    : row.a * expf(d) - row.e * w - row.c;
 }
