@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loss/cpu_matmul.h"
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/kernel_args.h"
@@ -416,7 +417,9 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
   MatrixMap logits(logits_, rows, cols,
                    Eigen::OuterStride<>(block.ld));  // [rows, cols]
   if (!block.logits_ready) {
-    logits.noalias() = hidden * weight.transpose();
+    cpu_matmul::MultiplyABt(1.0f, cpu_matmul::ConstViewOf(hidden),
+                            cpu_matmul::ConstViewOf(weight),
+                            cpu_matmul::ViewOf(logits));
     if (bias_ != nullptr) {
       logits.rowwise() +=
           Eigen::Map<const Eigen::RowVectorXf>(bias_ + block.col_begin, cols);
@@ -467,7 +470,10 @@ absl::Status CpuBackend::Gradients(
   const LinearCrossEntropyGradients& g = *problem_.gradients;
   if (block.d_hidden) {
     const Tensor& d_hidden = g.d_hidden;
-    staging_.noalias() = unscale * (logits * weight);  // [rows, H]
+    staging_.resize(rows, h);  // [rows, H]
+    cpu_matmul::MultiplyAB(unscale, cpu_matmul::ConstViewOf(logits),
+                           cpu_matmul::ConstViewOf(weight),
+                           cpu_matmul::ViewOf(staging_));
     char* d_hidden_rows = static_cast<char*>(d_hidden.data) +
                           block.row_begin * d_hidden.effective_row_stride() *
                               DTypeSize(d_hidden.dtype);
@@ -492,7 +498,10 @@ absl::Status CpuBackend::Gradients(
     }
   }
   if (block.d_weight) {
-    staging_.noalias() = unscale * (logits.transpose() * hidden);  // [cols, H]
+    staging_.resize(cols, h);  // [cols, H]
+    cpu_matmul::MultiplyAtB(unscale, cpu_matmul::ConstViewOf(logits),
+                            cpu_matmul::ConstViewOf(hidden),
+                            cpu_matmul::ViewOf(staging_));
     if (d_weight_acc_ != nullptr) {
       WriteRows(staging_, d_weight_acc_ + block.col_begin * h, DType::kF32, h,
                 block.accumulate);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "loss/cpu_matmul.h"
 #include "loss/cross_entropy_cpu.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/linear_cross_entropy_internal.h"
@@ -439,7 +440,9 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   const ConstMatrixMap weight(weight_, v, h,
                               Eigen::OuterStride<>(weight_ld_));  // [V_r, H]
   MatrixMap z(logits, rows, v, Eigen::OuterStride<>(ld));         // [rows, V_r]
-  z.noalias() = hidden * weight.transpose();
+  cpu_matmul::MultiplyABt(1.0f, cpu_matmul::ConstViewOf(hidden),
+                          cpu_matmul::ConstViewOf(weight),
+                          cpu_matmul::ViewOf(z));
   if (bias_ != nullptr)
     z.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias_, v);
   SoftcapCpu(logits, rows, v, ld, ce_.softcap);
@@ -458,7 +461,9 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   // d_hidden[rows] = sum over the ranks of dlogits @ weight_r.
   const float unscale = 1.0f / call_.dlogits_scale;
   MatrixMap part(partial, rows, h, Eigen::OuterStride<>(h));  // [rows, H]
-  part.noalias() = unscale * (z * weight);
+  cpu_matmul::MultiplyAB(unscale, cpu_matmul::ConstViewOf(z),
+                         cpu_matmul::ConstViewOf(weight),
+                         cpu_matmul::ViewOf(part));
   const Tensor part_view = View(partial, DType::kF32, rows * h);
   RETURN_IF_ERROR(
       comm_.AllReduce(part_view, part_view, ReduceOp::kSum, context_));
@@ -472,7 +477,10 @@ absl::Status Runner::Chunk(int64_t row_begin, int64_t row_end) {
   }
   // d_weight (+)= dlogits^T @ hidden[rows], d_bias (+)= column sums, locally.
   const bool accumulate = row_begin > 0;
-  staging_.noalias() = unscale * (z.transpose() * hidden);  // [V_r, H]
+  staging_.resize(v, h);  // [V_r, H]
+  cpu_matmul::MultiplyAtB(unscale, cpu_matmul::ConstViewOf(z),
+                          cpu_matmul::ConstViewOf(hidden),
+                          cpu_matmul::ViewOf(staging_));
   const Tensor& d_weight = p_.gradients->d_weight;
   float* dw =
       d_weight_acc_ != nullptr ? d_weight_acc_ : d_weight.data_as<float>();
