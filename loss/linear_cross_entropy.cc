@@ -38,6 +38,8 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 // dropped).
 constexpr int64_t kGemmWorkspaceBytes = 16 * kMiB;
 constexpr int64_t kTokenChunksGemmWorkspaceShare = 64;
+// The cuBLASLt workspace of a plan that needs the room for its buffers.
+constexpr int64_t kSmallGemmWorkspaceBytes = 4 * kMiB;
 constexpr int64_t kTwoPassGemmWorkspaceShare = 16;
 
 int64_t RoundDown(int64_t value, int64_t multiple) {
@@ -494,7 +496,8 @@ constexpr int64_t kCompactSliceBytes = 32 * kMiB;
 // slice (the slice's logits in the fp32 buffer, the chunk's fp16
 // probabilities kept), the finish, the gradient kernel over the chunk's rows,
 // then G2 and G3 (accumulated over chunks) as the token chunks run them.
-Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows) {
+Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows,
+                                int64_t gemm_workspace_bytes) {
   const int64_t n = in.tokens;
   const int64_t v = in.vocab;
   const int64_t h = in.hidden;
@@ -503,8 +506,7 @@ Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows) {
   Plan& plan = out.plan;
   plan.schedule = LinearCrossEntropySchedule::kCompactChunks;
   plan.chunk_ld = RoundUp(v, int64_t{8});
-  plan.gemm_workspace_bytes =
-      GemmWorkspaceBytes(in, kTokenChunksGemmWorkspaceShare);
+  plan.gemm_workspace_bytes = gemm_workspace_bytes;
   plan.chunk_rows = chunk_rows;
   plan.num_chunks = CeilDiv(n, chunk_rows);
   const bool several_chunks = plan.num_chunks > 1;
@@ -585,6 +587,18 @@ Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows) {
   }
   plan.estimated_seconds = seconds;
   return out;
+}
+
+// The plan with the token-chunk share of the budget as cuBLASLt workspace, or,
+// where that leaves no room for the slice buffer, with a smaller one: the
+// probabilities of a whole chunk take nearly all of the budget when one chunk
+// holds every token (no d_weight accumulation at all), and the GEMMs of these
+// shapes lose nothing with 4 MiB.
+Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows) {
+  const int64_t share = GemmWorkspaceBytes(in, kTokenChunksGemmWorkspaceShare);
+  Candidate candidate = PlanCompactChunksWith(in, chunk_rows, share);
+  if (candidate.feasible || share <= kSmallGemmWorkspaceBytes) return candidate;
+  return PlanCompactChunksWith(in, chunk_rows, kSmallGemmWorkspaceBytes);
 }
 
 // The fastest feasible kCompactChunks plan among chunks of the most rows that

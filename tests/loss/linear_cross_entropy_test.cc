@@ -1283,6 +1283,30 @@ TEST(LinearCrossEntropyPlanTest, StreamsAndGemmWorkspaceFollowTheMeasurements) {
   EXPECT_LE(small->total_bytes, int64_t{256} << 20);
 }
 
+// kCompactChunks holds all 4096 tokens of the first benchmark shape in one
+// chunk at 1 GiB (1002 MiB of fp16 probabilities: no d_weight accumulation)
+// by giving cuBLASLt 4 MiB instead of its 16 MiB share; with room to spare it
+// keeps the share.
+TEST(LinearCrossEntropyPlanTest,
+     CompactChunksShrinkTheGemmWorkspaceForOneChunk) {
+  for (DType d_weight : {DType::kF32, DType::kBF16}) {
+    lce::PlanInput in = BenchPlanInput(4096, 4096, 128256, kGiB, d_weight);
+    in.schedule = LinearCrossEntropySchedule::kCompactChunks;
+    const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
+    ASSERT_OK(plan.status());
+    EXPECT_EQ(plan->num_chunks, 1) << plan->ToString();
+    EXPECT_EQ(plan->gemm_workspace_bytes, int64_t{4} << 20);
+    EXPECT_LT(plan->d_weight_acc_offset, 0) << plan->ToString();
+    EXPECT_LE(plan->total_bytes, kGiB);
+
+    in.max_workspace_bytes = 2 * kGiB;
+    const absl::StatusOr<lce::Plan> roomy = lce::MakePlan(in);
+    ASSERT_OK(roomy.status());
+    EXPECT_EQ(roomy->num_chunks, 1) << roomy->ToString();
+    EXPECT_EQ(roomy->gemm_workspace_bytes, int64_t{16} << 20);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Special cases on every backend.
 
