@@ -705,8 +705,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
   } else if (input.schedule == Schedule::kAuto) {
     schedules = {Schedule::kTokenChunks, Schedule::kTwoPass};
     if (slices_possible) schedules.push_back(Schedule::kVocabSlices);
-    // kCompactChunks runs only when asked for until it is timed beside
-    // these on the GPU.
+    if (compact_possible) schedules.push_back(Schedule::kCompactChunks);
   } else {
     schedules = {input.schedule};
   }

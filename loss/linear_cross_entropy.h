@@ -146,8 +146,8 @@ enum class LinearCrossEntropySchedule {
   // the tokens a chunk in the same budget, so half the d_weight accumulations,
   // and no GEMM recomputed. 16-bit operands only; no soft cap, none of
   // kVocabSlices's refused options, no split backward (its forward alone is
-  // kVocabSlices'). Runs only when asked for: kAuto does not choose it before
-  // it has been timed beside the others on the GPU.
+  // kVocabSlices'). kAuto chooses it where the cost model expects it faster
+  // (bench/RESULTS.md: the H = 4096 shapes at 256 MiB).
   kCompactChunks,
 };
 

@@ -1259,8 +1259,10 @@ TEST(LinearCrossEntropyPlanTest, BenchmarkShapes) {
 }
 
 // The planner's measured choices (H200, bench/RESULTS.md at d6c85d2 and
-// 1d22b11): the second stream only over at most two token chunks, and token
-// chunks leave most of a small budget to the logits (1/64 to the GEMMs).
+// 1d22b11; H100, 2026-12-07): the second stream only over at most two token
+// chunks; token chunks leave most of a small budget to the logits (1/64 to the
+// GEMMs); at 256 MiB the H = 4096 shapes run compact chunks (faster there than
+// the token chunks of half as many rows), at 1 GiB token chunks.
 TEST(LinearCrossEntropyPlanTest, StreamsAndGemmWorkspaceFollowTheMeasurements) {
   const absl::StatusOr<lce::Plan> two_chunks =
       lce::MakePlan(BenchPlanInput(4096, 4096, 128256, kGiB, DType::kF32));
@@ -1274,8 +1276,20 @@ TEST(LinearCrossEntropyPlanTest, StreamsAndGemmWorkspaceFollowTheMeasurements) {
   EXPECT_EQ(eight_chunks->num_chunks, 8);
   EXPECT_FALSE(eight_chunks->overlap_streams) << eight_chunks->ToString();
 
-  const absl::StatusOr<lce::Plan> small = lce::MakePlan(
-      BenchPlanInput(4096, 4096, 128256, int64_t{256} << 20, DType::kF32));
+  for (const int64_t n : {4096, 16384}) {
+    const absl::StatusOr<lce::Plan> compact = lce::MakePlan(
+        BenchPlanInput(n, 4096, 128256, int64_t{256} << 20, DType::kF32));
+    ASSERT_OK(compact.status());
+    EXPECT_EQ(compact->schedule, LinearCrossEntropySchedule::kCompactChunks)
+        << compact->ToString();
+    EXPECT_GE(compact->chunk_rows, 832) << compact->ToString();
+    EXPECT_LE(compact->total_bytes, int64_t{256} << 20);
+  }
+
+  lce::PlanInput token_chunks =
+      BenchPlanInput(4096, 4096, 128256, int64_t{256} << 20, DType::kF32);
+  token_chunks.schedule = LinearCrossEntropySchedule::kTokenChunks;
+  const absl::StatusOr<lce::Plan> small = lce::MakePlan(token_chunks);
   ASSERT_OK(small.status());
   EXPECT_EQ(small->schedule, LinearCrossEntropySchedule::kTokenChunks);
   EXPECT_EQ(small->gemm_workspace_bytes, int64_t{4} << 20);
