@@ -147,7 +147,7 @@ enum class LinearCrossEntropySchedule {
   // and no GEMM recomputed. 16-bit operands only; no soft cap, none of
   // kVocabSlices's refused options, no split backward (its forward alone is
   // kVocabSlices'). kAuto chooses it where the cost model expects it faster
-  // (bench/RESULTS.md: the H = 4096 shapes at 256 MiB).
+  // (bench/RESULTS.md: the H = 4096 shapes at 256-384 MiB).
   kCompactChunks,
 };
 
