@@ -21,6 +21,7 @@ reset, minus what was allocated before the step). Peers are imported from the Py
 session) our fused call's columns are printed next to them.
 
   python3 bench/peers_linear_cross_entropy.py [--ours lce.json] [--shapes 4096x4096x128256,...]
+      [--peers torch,liger,cce,quack] [--quack_chunk 4096]
 
 Writes $OUT/peers_linear_cross_entropy.json (or ./ without $OUT) and prints a table last.
 """
@@ -141,11 +142,18 @@ def main():
     parser.add_argument("--rep", type=int, default=300, help="do_bench rep (ms of timing)")
     parser.add_argument("--quack_chunk", type=int, default=4096,
                         help="chunk_size of QuACK's chunked_linear_cross_entropy")
+    parser.add_argument("--peers", default="",
+                        help="comma-separated subset of torch,liger,cce,quack to run "
+                        "(default: every importable one)")
     args = parser.parse_args()
 
     peers, errors = load_peers(args.quack_chunk)
+    if args.peers:
+        wanted = args.peers.split(",")
+        peers = {name: fn for name, fn in peers.items() if name in wanted}
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "peers": list(peers), "import_errors": errors, "rows": []}
+              "peers": list(peers), "quack_chunk": args.quack_chunk,
+              "import_errors": errors, "rows": []}
     for name, error in errors.items():
         print(f"{name}: not importable ({error.strip().splitlines()[-1]})", flush=True)
     out_dir = os.environ.get("OUT", ".")

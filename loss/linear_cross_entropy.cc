@@ -128,6 +128,15 @@ double GemmSeconds(const Rates& rates, int64_t token_rows, double flops,
          accumulator_bytes / rates.bytes_per_second + rates.launch_seconds;
 }
 
+// Bytes a d_weight element's running sum over token chunks takes: fp32 (the
+// output itself or an fp32 accumulator) unless a 16-bit output accumulates in
+// its own dtype (fp32_gradient_accumulation off).
+double RunningSumBytes(const PlanInput& in) {
+  return in.d_weight_type != DType::kF32 && !in.fp32_gradient_accumulation
+             ? static_cast<double>(DTypeSize(in.d_weight_type))
+             : 4.0;
+}
+
 struct Costs {
   double e;       // operand bytes
   double ge;      // dlogits bytes
@@ -153,10 +162,10 @@ double TokenChunkSeconds(const PlanInput& in, const Rates& r, const Costs& k,
   seconds += GemmSeconds(
       r, c, flops, k.e * vh + k.ge * rows * k.vocab + k.dh * rows * k.hidden);
   if (d_weight) {
-    seconds += GemmSeconds(
-        r, c, flops,
-        k.e * rows * k.hidden + k.ge * rows * k.vocab + (first ? 4 * vh : 0),
-        first ? 0 : 8 * vh);
+    seconds += GemmSeconds(r, c, flops,
+                           k.e * rows * k.hidden + k.ge * rows * k.vocab +
+                               (first ? RunningSumBytes(in) * vh : 0),
+                           first ? 0 : 2 * RunningSumBytes(in) * vh);
   }
   return seconds;
 }
@@ -277,10 +286,11 @@ Candidate PlanSchedule(const PlanInput& in,
   plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
   plan.ones_offset = fixed.AddIf(
       in.has_bias && backward && in.device == DeviceKind::kCuda, e * n);
+  const bool accumulators = token_chunks && in.fp32_gradient_accumulation;
   plan.d_bias_acc_offset = fixed.AddIf(
-      in.has_bias && backward && !in.d_bias_f32 && token_chunks, 4 * v);
+      in.has_bias && backward && !in.d_bias_f32 && accumulators, 4 * v);
   plan.d_weight_acc_offset =
-      fixed.AddIf(backward && in.d_weight_type != DType::kF32 && token_chunks,
+      fixed.AddIf(backward && in.d_weight_type != DType::kF32 && accumulators,
                   4 * v * in.hidden);
 
   // The logits buffer: a chunk of full rows, and (two-pass) a slice of all
@@ -386,10 +396,11 @@ Candidate PlanVocabSlicesWith(const PlanInput& in, int64_t block_rows) {
   plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
   plan.ones_offset = fixed.AddIf(
       in.has_bias && backward && in.device == DeviceKind::kCuda, e * n);
+  const bool accumulators = several_blocks && in.fp32_gradient_accumulation;
   plan.d_bias_acc_offset = fixed.AddIf(
-      in.has_bias && backward && !in.d_bias_f32 && several_blocks, 4 * v);
+      in.has_bias && backward && !in.d_bias_f32 && accumulators, 4 * v);
   plan.d_weight_acc_offset = fixed.AddIf(
-      backward && in.d_weight_type != DType::kF32 && several_blocks, 4 * v * h);
+      backward && in.d_weight_type != DType::kF32 && accumulators, 4 * v * h);
 
   // The logits buffer: a slice of the block's rows. Several slices of a
   // 16-bit d_hidden add up in an fp32 accumulator of the block's rows.
@@ -434,7 +445,7 @@ Candidate PlanVocabSlicesWith(const PlanInput& in, int64_t block_rows) {
     seconds += GemmSeconds(
         r, rows, flops,
         ge * rd * hd + ge * rd * cd + (first_block ? dw_bytes * cd * hd : 0),
-        first_block ? 0 : 8 * cd * hd);
+        first_block ? 0 : 2 * RunningSumBytes(in) * cd * hd);
     return seconds;
   };
   const int64_t last_cols = v - (plan.num_slices - 1) * plan.slice_cols;
@@ -525,10 +536,11 @@ Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows,
   plan.bias_offset = fixed.AddIf(in.has_bias && !in.bias_f32, 4 * v);
   plan.ones_offset =
       fixed.AddIf(in.has_bias && in.device == DeviceKind::kCuda, e * n);
+  const bool accumulators = several_chunks && in.fp32_gradient_accumulation;
   plan.d_bias_acc_offset =
-      fixed.AddIf(in.has_bias && !in.d_bias_f32 && several_chunks, 4 * v);
+      fixed.AddIf(in.has_bias && !in.d_bias_f32 && accumulators, 4 * v);
   plan.d_weight_acc_offset =
-      fixed.AddIf(in.d_weight_type != DType::kF32 && several_chunks, 4 * v * h);
+      fixed.AddIf(in.d_weight_type != DType::kF32 && accumulators, 4 * v * h);
   plan.compact_offset = fixed.Add(2 * chunk_rows * plan.chunk_ld);
 
   // The slice buffer takes what is left, up to kCompactSliceBytes; each slice
@@ -575,7 +587,7 @@ Candidate PlanCompactChunksWith(const PlanInput& in, int64_t chunk_rows,
     seconds += GemmSeconds(
         r, rows, flops,
         ge * rd * hd + ge * rd * vd + (first ? dw_bytes * vd * hd : 0),
-        first ? 0 : 8 * vd * hd);
+        first ? 0 : 2 * RunningSumBytes(in) * vd * hd);
     return seconds;
   };
   const int64_t last_rows = n - (plan.num_chunks - 1) * chunk_rows;
@@ -916,6 +928,7 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
                                      problem.extras->accuracy.has_value() ||
                                      problem.extras->entropy.has_value()));
   in.softcap = options.cross_entropy.softcap > 0.0f;
+  in.fp32_gradient_accumulation = options.fp32_gradient_accumulation;
   return in;
 }
 

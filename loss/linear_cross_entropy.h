@@ -50,24 +50,25 @@
 // when it is f32, else in an fp32 accumulator); the two-pass schedule writes
 // each vocabulary slice's once; kVocabSlices sums d_hidden over the slices and
 // d_weight and d_bias over the token blocks in fp32 the same way. Every
-// gradient is rounded once to its output dtype. So with 16-bit operands, f32
-// gradient outputs spare only that final rounding: they carry the dlogits' (up
-// to 2^-8 relative per dlogit for bf16, 2^-11 for f16, and nearly alike for all
-// target entries, so it does not average out), typically 1e-4 to 4e-3 relative
-// (Frobenius) from the exact gradients for bf16 and a few 1e-4 for f16, while
-// they agree with the products of the rounded dlogits to fp32 accumulation
-// error (pinned by tests/loss/linear_cross_entropy_test.cc). With f32 operands
-// (TF32 off) the dlogits stay fp32 and the gradients are fp32-accurate. A
-// target's dlogit keeps p_t - 1 even when it is below an f32 ulp of the lse
-// (near-certain targets): the fused call computes it from the row max and
-// log-sum on every schedule (the two-pass and kVocabSlices slices read the
-// target's log-probability from the first pass, which keeps the target's term
-// apart from the other exponentials); the split backward, which has only the
-// saved f32 lse, cannot. kCompactChunks forms each dlogit from its logit's
-// exp(z - slice max) held in fp16 (2^-11 relative) rather than from the fp32
-// logit, so its dlogits carry that rounding before their own: its gradients
-// stay within 1.5 times the other schedules' distance from the exact ones
-// (pinned by the same test); its loss, lse and target entries are computed
+// gradient is rounded once to its output dtype (but a 16-bit d_weight and
+// d_bias with fp32_gradient_accumulation off: once a chunk). So with 16-bit
+// operands, f32 gradient outputs spare only that final rounding: they carry the
+// dlogits' (up to 2^-8 relative per dlogit for bf16, 2^-11 for f16, and nearly
+// alike for all target entries, so it does not average out), typically 1e-4 to
+// 4e-3 relative (Frobenius) from the exact gradients for bf16 and a few 1e-4
+// for f16, while they agree with the products of the rounded dlogits to fp32
+// accumulation error (pinned by tests/loss/linear_cross_entropy_test.cc). With
+// f32 operands (TF32 off) the dlogits stay fp32 and the gradients are
+// fp32-accurate. A target's dlogit keeps p_t - 1 even when it is below an f32
+// ulp of the lse (near-certain targets): the fused call computes it from the
+// row max and log-sum on every schedule (the two-pass and kVocabSlices slices
+// read the target's log-probability from the first pass, which keeps the
+// target's term apart from the other exponentials); the split backward, which
+// has only the saved f32 lse, cannot. kCompactChunks forms each dlogit from its
+// logit's exp(z - slice max) held in fp16 (2^-11 relative) rather than from the
+// fp32 logit, so its dlogits carry that rounding before their own: its
+// gradients stay within 1.5 times the other schedules' distance from the exact
+// ones (pinned by the same test); its loss, lse and target entries are computed
 // from the fp32 logits as everywhere else.
 //
 // Memory: every temporary of a call (logits chunk, fp32 accumulators,
@@ -164,6 +165,16 @@ struct LinearCrossEntropyOptions {
   // relative error).
   bool use_tf32 = false;
   LinearCrossEntropySchedule schedule = LinearCrossEntropySchedule::kAuto;
+  // How a 16-bit d_weight or d_bias is summed over token chunks (or token
+  // blocks). true: in an fp32 accumulator in the workspace (4 bytes per
+  // element: 2 GB for V = 128256, H = 4096), rounded to the output once.
+  // false: straight into the output, whose running sum is rounded to its
+  // dtype after every chunk, as Liger-Kernel's accum_dtype=None does: no
+  // accumulator, so token chunks fit budgets that cannot hold one, at up to
+  // sqrt(chunks) times the rounding error (pinned by
+  // tests/loss/linear_cross_entropy_test.cc). f32 outputs and d_hidden are
+  // unaffected; the vocabulary-parallel ops refuse false.
+  bool fp32_gradient_accumulation = true;
   // GPU: run the cross-entropy kernels on a second stream, concurrently with
   // the GEMMs (where the plan expects it to pay; never inside a CUDA graph
   // capture).

@@ -377,11 +377,17 @@ void CpuBackend::WriteRows(const Eigen::Ref<const RowMajor>& value, void* out,
     }
     return;
   }
-  // 16-bit outputs are only written whole (accumulation goes through fp32
-  // accumulators).
+  // 16-bit outputs accumulate in their own dtype only with
+  // fp32_gradient_accumulation off (else through fp32 accumulators): the fp32
+  // sum of the old value and the chunk's, rounded once, as the GPU's GEMMs
+  // with beta = 1 compute it.
   for (int64_t i = 0; i < value.rows(); ++i) {
-    for (int64_t j = 0; j < value.cols(); ++j)
-      StoreHost(out, type, i * ld + j, value(i, j));
+    for (int64_t j = 0; j < value.cols(); ++j) {
+      const int64_t k = i * ld + j;
+      StoreHost(
+          out, type, k,
+          accumulate ? LoadHost(out, type, k) + value(i, j) : value(i, j));
+    }
   }
 }
 

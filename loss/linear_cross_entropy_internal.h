@@ -96,6 +96,9 @@ struct PlanInput {
   // entropy): no kVocabSlices.
   bool whole_row_statistics = false;
   bool softcap = false;  // softcap > 0: no kCompactChunks
+  // LinearCrossEntropyOptions::fp32_gradient_accumulation: false, no fp32
+  // accumulators for 16-bit d_weight and d_bias.
+  bool fp32_gradient_accumulation = true;
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);

@@ -122,6 +122,11 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
             ? "kVocabSlices"
             : "kCompactChunks");
   }
+  if (!options.fp32_gradient_accumulation) {
+    return InvalidArgument(
+        "vocabulary-parallel linear cross-entropy: fp32_gradient_accumulation "
+        "= false is not offered (16-bit gradients accumulate in fp32)");
+  }
   return ce::CheckCrossEntropyOptions(options.cross_entropy, v, context);
 }
 

@@ -37,7 +37,9 @@
 // (entropy_weight != 0 is refused by the split backward). The schedule is
 // always token chunks (kTwoPass and kVocabSlices are refused); chunks of tokens
 // are as large as max_workspace_bytes allows on the rank with the largest
-// slice. The extras (CrossEntropyExtras) are not offered.
+// slice. A 16-bit d_weight or d_bias is always summed over the chunks in an
+// fp32 accumulator (fp32_gradient_accumulation = false is not offered: it is
+// refused). The extras (CrossEntropyExtras) are not offered.
 //
 // Errors: InvalidArgument with nothing written. Every rank takes part in one
 // exchange of a validity flag (an all-gather) before anything is written, so a

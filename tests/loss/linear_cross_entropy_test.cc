@@ -648,6 +648,7 @@ class Harness {
     in.schedule = s_.schedule;
     in.chunk_rows = s_.chunk_rows;
     in.softcap = s_.softcap > 0.0f;
+    in.fp32_gradient_accumulation = options.fp32_gradient_accumulation;
     return in;
   }
 
@@ -1321,6 +1322,28 @@ TEST(LinearCrossEntropyPlanTest,
   }
 }
 
+// A bf16 d_weight of the first benchmark shape at 1 GiB: its fp32
+// accumulator (2004 MiB) cannot fit, so by default no plan accumulates
+// d_weight over token chunks; summed in bf16 (fp32_gradient_accumulation
+// off) it takes the token chunks of the f32 d_weight, with no accumulator.
+TEST(LinearCrossEntropyPlanTest, OutputDtypeSumsTakeTheTokenChunks) {
+  lce::PlanInput in = BenchPlanInput(4096, 4096, 128256, kGiB, DType::kBF16);
+  const absl::StatusOr<lce::Plan> fp32_sums = lce::MakePlan(in);
+  ASSERT_OK(fp32_sums.status());
+  EXPECT_NE(fp32_sums->schedule, LinearCrossEntropySchedule::kTokenChunks)
+      << fp32_sums->ToString();
+  EXPECT_LT(fp32_sums->d_weight_acc_offset, 0) << fp32_sums->ToString();
+
+  in.fp32_gradient_accumulation = false;
+  const absl::StatusOr<lce::Plan> bf16_sums = lce::MakePlan(in);
+  ASSERT_OK(bf16_sums.status());
+  EXPECT_EQ(bf16_sums->schedule, LinearCrossEntropySchedule::kTokenChunks)
+      << bf16_sums->ToString();
+  EXPECT_EQ(bf16_sums->num_chunks, 2) << bf16_sums->ToString();
+  EXPECT_LT(bf16_sums->d_weight_acc_offset, 0) << bf16_sums->ToString();
+  EXPECT_LE(bf16_sums->total_bytes, kGiB);
+}
+
 // ---------------------------------------------------------------------------------------
 // Special cases on every backend.
 
@@ -1860,6 +1883,19 @@ TEST(LinearCrossEntropyCudaTest, ChunkedGradientsDoNotDependOnGemmTuning) {
 // fp32 dlogits, the exact error would fall to the accumulation's (below 1e-5)
 // and the rounding reference's would rise to the rounding's: the assertions
 // would fail, and the header would have to change.
+// The reference's dlogits as the kernels store them for 16-bit operands:
+// scaled (f16 with the mean: a power of two), rounded to the operand dtype,
+// unscaled exactly by the GEMMs' alpha.
+std::vector<double> KernelDlogits(const Scenario& s, DType dtype,
+                                  const ReferenceResult& r) {
+  const double scale =
+      lce::DlogitsScale(dtype, static_cast<int>(s.reduction), r.ce_denominator);
+  std::vector<double> rounded(r.grad.size());
+  for (size_t i = 0; i < rounded.size(); ++i)
+    rounded[i] = RoundTo(dtype, r.grad[i] * scale) / scale;
+  return rounded;
+}
+
 class LinearCrossEntropyPrecisionTest
     : public testing::TestWithParam<
           std::tuple<DType, LinearCrossEntropySchedule>> {};
@@ -1886,13 +1922,7 @@ TEST_P(LinearCrossEntropyPrecisionTest, F32GradientsCarryTheDlogitsRounding) {
   const ReferenceResult r = ReferenceOnLogits(s, data, {});
   Expected exact;
   SetGradients(s, data, r.grad, exact);
-  // The kernels' dlogits: scaled (f16 with the mean: a power of two), rounded
-  // to the operand dtype, unscaled exactly by the GEMMs' alpha.
-  const double scale =
-      lce::DlogitsScale(dtype, static_cast<int>(s.reduction), r.ce_denominator);
-  std::vector<double> rounded(r.grad.size());
-  for (size_t i = 0; i < rounded.size(); ++i)
-    rounded[i] = RoundTo(dtype, r.grad[i] * scale) / scale;
+  const std::vector<double> rounded = KernelDlogits(s, dtype, r);
   Expected emulated;
   SetGradients(s, data, rounded, emulated);
 
@@ -1949,6 +1979,100 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(DTypeName(std::get<0>(info.param)), "_",
                           ScheduleTestName(std::get<1>(info.param)));
     });
+
+// ---------------------------------------------------------------------------------------
+// fp32_gradient_accumulation off: a bf16 d_weight and d_bias summed over
+// token chunks in the outputs themselves, rounded after every chunk, with no
+// fp32 accumulator in the plan. Emulated in double from the dlogits rounded as
+// the kernels round them (F32GradientsCarryTheDlogitsRounding): the running
+// sums rounded to bf16 after each chunk, against the default's single rounding
+// of the whole sum. Each call matches its own emulation to about the fp32
+// accumulation's flips of a bf16 rounding (a few 1e-5 relative) and the other
+// one's to the roundings' difference (a few 1e-3 with 5 chunks): the factor 4
+// between them fails if the option changes nothing, or rounds more or less
+// often than once a chunk.
+
+// d_weight [V, H] and d_bias [V] of `dlogits` [N, V], their running sums over
+// chunks of `chunk_rows` rows rounded to bf16 after each chunk (chunk_rows >=
+// N: once).
+void BfloatSumsOverChunks(const Scenario& s, const Data& d,
+                          const std::vector<double>& dlogits,
+                          int64_t chunk_rows, Expected& e) {
+  const int64_t n = s.n, h = s.h, v = s.v;
+  e.d_weight.assign(v * h, 0.0);
+  e.d_bias.assign(v, 0.0);
+  std::vector<double> weight_part(v * h), bias_part(v);
+  for (int64_t begin = 0; begin < n; begin += chunk_rows) {
+    std::fill(weight_part.begin(), weight_part.end(), 0.0);
+    std::fill(bias_part.begin(), bias_part.end(), 0.0);
+    for (int64_t i = begin; i < std::min(n, begin + chunk_rows); ++i) {
+      for (int64_t j = 0; j < v; ++j) {
+        const double g = dlogits[i * v + j];
+        bias_part[j] += g;
+        for (int64_t k = 0; k < h; ++k)
+          weight_part[j * h + k] += g * d.hidden[i * h + k];
+      }
+    }
+    for (int64_t i = 0; i < v * h; ++i)
+      e.d_weight[i] = RoundTo(DType::kBF16, e.d_weight[i] + weight_part[i]);
+    for (int64_t j = 0; j < v; ++j)
+      e.d_bias[j] = RoundTo(DType::kBF16, e.d_bias[j] + bias_part[j]);
+  }
+}
+
+TEST_P(LinearCrossEntropyTest, OutputDtypeAccumulationRoundsEveryChunk) {
+  Scenario s;
+  s.n = 300;
+  s.h = 64;
+  s.v = 500;
+  s.bias = BiasKind::kOperand;
+  s.d_weight_f32 = false;
+  s.d_bias_f32 = false;
+  s.ignore_fraction = 0.1;
+  s.schedule = LinearCrossEntropySchedule::kTokenChunks;
+  s.chunk_rows = 64;  // 5 chunks, the last of 44 rows
+  const Data data = MakeData(s, DType::kBF16, test::TestSeed());
+
+  const ReferenceResult r = ReferenceOnLogits(s, data, {});
+  const std::vector<double> rounded = KernelDlogits(s, DType::kBF16, r);
+  Expected per_chunk, once;
+  BfloatSumsOverChunks(s, data, rounded, s.chunk_rows, per_chunk);
+  BfloatSumsOverChunks(s, data, rounded, s.n, once);
+
+  for (bool fp32_accumulation : {false, true}) {
+    SCOPED_TRACE(fp32_accumulation ? "fp32 accumulators" : "bf16 outputs");
+    Harness h(s, DType::kBF16);
+    ASSERT_OK(h.Init(device(), data));
+    h.options.fp32_gradient_accumulation = fp32_accumulation;
+    const absl::StatusOr<lce::Plan> plan = lce::MakePlan(h.FusedPlanInput());
+    ASSERT_OK(plan.status());
+    EXPECT_EQ(plan->num_chunks, 5) << plan->ToString();
+    EXPECT_EQ(plan->d_weight_acc_offset >= 0, fp32_accumulation);
+    EXPECT_EQ(plan->d_bias_acc_offset >= 0, fp32_accumulation);
+    ASSERT_OK(FusedOutputs(h).status());
+    const Expected& own = fp32_accumulation ? once : per_chunk;
+    const Expected& other = fp32_accumulation ? per_chunk : once;
+    const struct {
+      const char* name;
+      const Array& got;
+      const std::vector<double>& own;
+      const std::vector<double>& other;
+    } gradients[] = {{"d_weight", h.d_weight, own.d_weight, other.d_weight},
+                     {"d_bias", h.d_bias, own.d_bias, other.d_bias}};
+    for (const auto& g : gradients) {
+      ExpectWrittenExactly(g.got, g.name);
+      const double to_own = NormRelativeError(g.got, g.own);
+      const double to_other = NormRelativeError(g.got, g.other);
+      std::printf(
+          "%s, %s: %.3g from the emulation of its roundings, %.3g from the "
+          "other's\n",
+          fp32_accumulation ? "fp32 accumulators" : "rounded every chunk",
+          g.name, to_own, to_other);
+      EXPECT_LT(4 * to_own, to_other) << g.name;
+      EXPECT_LT(to_other, 4 * 0x1p-8) << g.name;
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Finite differences of the op's own forward on the CPU (f32), for both

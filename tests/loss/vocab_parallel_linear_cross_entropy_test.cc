@@ -815,6 +815,11 @@ std::vector<BadCase> BadCases() {
                      if (rank == 0)
                        options.schedule = LinearCrossEntropySchedule::kTwoPass;
                    }});
+  cases.push_back({"output_dtype_accumulation", true,
+                   [](int rank, VocabShard&, LinearCrossEntropyInputs&,
+                      LinearCrossEntropyOptions& options) {
+                     if (rank == 1) options.fp32_gradient_accumulation = false;
+                   }});
   cases.push_back({"class_weights_on_one_rank_only", false,
                    [](int rank, VocabShard&, LinearCrossEntropyInputs&,
                       LinearCrossEntropyOptions& options) {
