@@ -1826,15 +1826,22 @@ void RunChunkedCall(Harness& h, const std::string& what,
 // loss, lse, d_hidden, d_weight and d_bias.
 TEST(LinearCrossEntropyCudaTest, ChunkedGradientsDoNotDependOnGemmTuning) {
   SKIP_WITHOUT_GPU();
-  for (bool f32_outputs : {true, false}) {
-    SCOPED_TRACE(f32_outputs ? "f32 gradients" : "bf16 gradients");
+  // f32 gradients; bf16 ones through fp32 accumulators, rounded once; bf16
+  // ones summed in bf16 (fp32_gradient_accumulation off: the GEMMs accumulate
+  // into the bf16 outputs with beta = 1).
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool f32_outputs = variant == 0;
+    const bool fp32_sums = variant != 2;
+    SCOPED_TRACE(f32_outputs ? "f32 gradients"
+                 : fp32_sums ? "bf16 gradients, fp32 sums"
+                             : "bf16 gradients, bf16 sums");
     Scenario s;
     s.n = 777;
     s.h = 256;
     s.v = 1536;
     s.bias = BiasKind::kOperand;
     s.d_hidden_f32 = f32_outputs;
-    s.d_weight_f32 = f32_outputs;  // else an fp32 accumulator, rounded once
+    s.d_weight_f32 = f32_outputs;
     s.d_bias_f32 = f32_outputs;
     s.ignore_fraction = 0.1;
     s.schedule = LinearCrossEntropySchedule::kTokenChunks;
@@ -1842,13 +1849,16 @@ TEST(LinearCrossEntropyCudaTest, ChunkedGradientsDoNotDependOnGemmTuning) {
     std::vector<std::vector<Bytes>> runs;
     Harness first(s, DType::kBF16);  // each harness makes its own context
     ASSERT_OK(first.Init(Device::Cuda(0), data));
+    first.options.fp32_gradient_accumulation = fp32_sums;
     RunChunkedCall(first, "fresh context", runs);
     RunChunkedCall(first, "same context", runs);
     Harness second(s, DType::kBF16);
     ASSERT_OK(second.Init(Device::Cuda(0), data));
+    second.options.fp32_gradient_accumulation = fp32_sums;
     RunChunkedCall(second, "new context", runs);
     Harness untuned(s, DType::kBF16);
     ASSERT_OK(untuned.Init(Device::Cuda(0), data));
+    untuned.options.fp32_gradient_accumulation = fp32_sums;
     ASSERT_OK(untuned.context().set_gemm_tuning(false));
     RunChunkedCall(untuned, "context with tuning off", runs);
     ASSERT_EQ(runs.size(), 4u);
