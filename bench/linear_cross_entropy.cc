@@ -85,6 +85,11 @@ ABSL_FLAG(bool, plans_only, false,
           "print the GPU plans (and the cost model's estimates) of --shapes x "
           "--budgets_mib x --chunk_rows with --schedule, and time nothing "
           "(runs without a GPU)");
+ABSL_FLAG(std::string, plans_d_weight, "f32",
+          "--plans_only: the d_weight dtype of the printed plans, f32 or bf16");
+ABSL_FLAG(bool, plans_fp32_gradient_accumulation, true,
+          "--plans_only: LinearCrossEntropyOptions::fp32_gradient_accumulation "
+          "of the printed plans (a bf16 d_weight summed in fp32 or in bf16)");
 ABSL_FLAG(
     bool, forward, false,
     "also time the curve's forward pass alone (LinearCrossEntropyForward: "
@@ -829,15 +834,22 @@ absl::Status PrintPlans() {
   LinearCrossEntropyOptions options;
   ASSIGN_OR_RETURN(options.schedule, ScheduleFromFlag());
   options.overlap_streams = absl::GetFlag(FLAGS_overlap_streams);
+  options.fp32_gradient_accumulation =
+      absl::GetFlag(FLAGS_plans_fp32_gradient_accumulation);
+  const std::string d_weight_flag = absl::GetFlag(FLAGS_plans_d_weight);
+  if (d_weight_flag != "f32" && d_weight_flag != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--plans_d_weight: expected f32 or bf16, got '", d_weight_flag, "'"));
+  }
+  const DType d_weight = d_weight_flag == "f32" ? DType::kF32 : DType::kBF16;
   for (const Shape3& s : shapes) {
     for (int64_t rows : chunk_rows) {
       options.chunk_rows = rows;
       for (int64_t budget : budgets) {
-        std::printf("%-18s %5lld MiB, chunk rows %5lld: [%s]\n",
-                    s.Name().c_str(), static_cast<long long>(budget / kMiB),
-                    static_cast<long long>(rows),
-                    PlanText(s, budget, DType::kF32, options, DeviceKind::kCuda)
-                        .c_str());
+        std::printf(
+            "%-18s %5lld MiB, chunk rows %5lld: [%s]\n", s.Name().c_str(),
+            static_cast<long long>(budget / kMiB), static_cast<long long>(rows),
+            PlanText(s, budget, d_weight, options, DeviceKind::kCuda).c_str());
       }
     }
   }
