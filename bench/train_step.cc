@@ -73,6 +73,9 @@ ABSL_FLAG(bool, profile, true,
           "without a communicator: the baseline when data-parallel).");
 ABSL_FLAG(int64_t, lce_workspace_mb, 1024,
           "Temporary-memory budget of the fused head (MiB).");
+ABSL_FLAG(bool, lce_operand_dtype_logits, false,
+          "the fused head's LinearCrossEntropyOptions::operand_dtype_logits: "
+          "the cross-entropy on bf16 logits, as PyTorch's bf16 head");
 ABSL_FLAG(bool, cuda_graph, true,
           "Replay each step's forward and backward from a CUDA graph. With "
           "NCCL and one micro-batch the gradient buckets' all-reduces are "
@@ -129,6 +132,7 @@ TrainStepOptions OptionsFromFlags() {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   o.lce_workspace_mb = absl::GetFlag(FLAGS_lce_workspace_mb);
+  o.lce_operand_dtype_logits = absl::GetFlag(FLAGS_lce_operand_dtype_logits);
   o.gpus = absl::GetFlag(FLAGS_gpus);
   o.bucket_mib = absl::GetFlag(FLAGS_bucket_mib);
   o.zero1 = absl::GetFlag(FLAGS_zero1);
@@ -234,6 +238,7 @@ absl::StatusOr<RankResult> TrainRank(const TrainStepOptions& o,
   // Nothing to switch off for the CUDA graph: the ops detect the capture.
   LinearCrossEntropyOptions options;
   options.max_workspace_bytes = o.lce_workspace_mb << 20;
+  options.operand_dtype_logits = o.lce_operand_dtype_logits;
   ops::CausalAttentionOptions attention;
   ASSIGN_OR_RETURN(attention.kernel,
                    ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));

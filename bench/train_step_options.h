@@ -37,6 +37,8 @@ struct TrainStepOptions {
   int64_t warmup = 5, steps = 20;
   double peak_tflops = 989.0;
   int64_t lce_workspace_mb = 1024;
+  // The fused head's LinearCrossEntropyOptions::operand_dtype_logits.
+  bool lce_operand_dtype_logits = false;
   // Data parallel.
   int64_t gpus = 1;
   double bucket_mib = kBucketMibUnset;  // 0: one all-reduce after the backward

@@ -138,6 +138,7 @@ double RunningSumBytes(const PlanInput& in) {
 }
 
 struct Costs {
+  double logit;   // bytes of a logit in the buffer (4, or 2: 16-bit logits)
   double e;       // operand bytes
   double ge;      // dlogits bytes
   double dh;      // d_hidden bytes
@@ -153,12 +154,12 @@ double TokenChunkSeconds(const PlanInput& in, const Rates& r, const Costs& k,
   const double flops = 2.0 * rows * k.vocab * k.hidden;
   const double vh = k.vocab * k.hidden;
   double seconds = GemmSeconds(
-      r, c, flops, k.e * (vh + rows * k.hidden) + 4 * rows * k.vocab);
+      r, c, flops, k.e * (vh + rows * k.hidden) + k.logit * rows * k.vocab);
   if (in.pass == Pass::kForward) {
-    return seconds + 4 * rows * k.vocab / r.ce_bytes_per_second +
+    return seconds + k.logit * rows * k.vocab / r.ce_bytes_per_second +
            r.launch_seconds;
   }
-  seconds += (4 + k.ge) * rows * k.vocab / r.ce_bytes_per_second;
+  seconds += (k.logit + k.ge) * rows * k.vocab / r.ce_bytes_per_second;
   seconds += GemmSeconds(
       r, c, flops, k.e * vh + k.ge * rows * k.vocab + k.dh * rows * k.hidden);
   if (d_weight) {
@@ -294,20 +295,23 @@ Candidate PlanSchedule(const PlanInput& in,
                   4 * v * in.hidden);
 
   // The logits buffer: a chunk of full rows, and (two-pass) a slice of all
-  // tokens.
+  // tokens. 16-bit logits (token chunks only) take half the bytes a row.
+  plan.logit_bytes = token_chunks && in.operand_dtype_logits ? e : 4;
+  const int64_t lb = plan.logit_bytes;
   const int64_t min_logits =
-      4 * (token_chunks ? plan.chunk_ld : std::max(plan.chunk_ld, 8 * n));
+      token_chunks ? lb * plan.chunk_ld : 4 * std::max(plan.chunk_ld, 8 * n);
   const int64_t room =
       LargestRequest(in.max_workspace_bytes - plan.gemm_workspace_bytes) -
       fixed.size();
   if (n > 0 && room < min_logits) return out;
   const int64_t buffer =
-      std::min(std::max<int64_t>(room, 0), 4 * n * plan.chunk_ld);
+      std::min(std::max<int64_t>(room, 0), lb * n * plan.chunk_ld);
   plan.chunk_rows = in.chunk_rows > 0
                         ? std::min(in.chunk_rows, n)
-                        : ChunkRows(n, buffer / (4 * plan.chunk_ld));
+                        : ChunkRows(n, buffer / (lb * plan.chunk_ld));
   plan.num_chunks = n == 0 ? 0 : CeilDiv(n, plan.chunk_rows);
-  int64_t logits_floats = plan.chunk_rows * plan.chunk_ld;
+  // (chunk_ld is a multiple of 8: 16-bit rows fill whole floats.)
+  int64_t logits_floats = plan.chunk_rows * plan.chunk_ld * lb / 4;
   if (!token_chunks && n > 0) {
     SetSlices(buffer / (4 * n), v, plan);
     logits_floats = std::max(logits_floats, n * plan.slice_ld);
@@ -317,6 +321,7 @@ Candidate PlanSchedule(const PlanInput& in,
   // Cost estimate.
   const Rates rates = RatesFor(in);
   Costs costs;
+  costs.logit = static_cast<double>(lb);
   costs.e = static_cast<double>(e);
   costs.ge = static_cast<double>(e);  // dlogits in the operand dtype
   costs.dh = static_cast<double>(DTypeSize(in.d_hidden_type));
@@ -325,7 +330,8 @@ Candidate PlanSchedule(const PlanInput& in,
   costs.vocab = static_cast<double>(v);
   const double gemm_per_logit = 2.0 * in.hidden / rates.flops;
   const double ce_per_logit =
-      (backward ? 4.0 + costs.ge : 4.0) / rates.ce_bytes_per_second;
+      (backward ? costs.logit + costs.ge : costs.logit) /
+      rates.ce_bytes_per_second;
   plan.overlap_streams =
       in.overlap_streams && in.device == DeviceKind::kCuda &&
       gemm_per_logit >= kOverlapMinGemmToCeRatio * ce_per_logit &&
@@ -674,6 +680,7 @@ std::string Plan::ToString() const {
   }
   absl::StrAppend(&text, "; workspace ", Bytes(total_bytes), " (logits ",
                   Bytes(logits_bytes),
+                  logit_bytes != 4 ? ", 16-bit logits" : "",
                   d_weight_acc_offset >= 0 ? ", fp32 d_weight" : "",
                   d_hidden_acc_offset >= 0 ? ", fp32 d_hidden" : "", ")",
                   overlap_streams ? "; 2 streams" : "");
@@ -703,7 +710,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
         "schedule");
   }
   std::vector<Schedule> schedules;
-  if (input.tokens == 0) {
+  if (input.tokens == 0 || input.operand_dtype_logits) {
+    // (The driver refuses other schedules with 16-bit logits.)
     schedules = {Schedule::kTokenChunks};
   } else if (input.schedule == Schedule::kVocabSlices ||
              (input.schedule == Schedule::kCompactChunks &&
@@ -929,6 +937,8 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
                                      problem.extras->entropy.has_value()));
   in.softcap = options.cross_entropy.softcap > 0.0f;
   in.fp32_gradient_accumulation = options.fp32_gradient_accumulation;
+  in.operand_dtype_logits =
+      options.operand_dtype_logits && in.operand_type != DType::kF32;
   return in;
 }
 
@@ -1203,6 +1213,25 @@ absl::Status CheckOutputs(const Context& context, const Problem& problem) {
         problem.options->schedule == LinearCrossEntropySchedule::kTwoPass) {
       return InvalidArgument(
           "entropy_weight != 0 needs the token-chunk schedule, not kTwoPass");
+    }
+  }
+  if (problem.options->operand_dtype_logits) {
+    const LinearCrossEntropySchedule schedule = problem.options->schedule;
+    if (problem.operand_type() == DType::kF32) {
+      return InvalidArgument(
+          "operand_dtype_logits rounds the logits to 16-bit operands' dtype: "
+          "hidden and weight are f32");
+    }
+    if (schedule != LinearCrossEntropySchedule::kAuto &&
+        schedule != LinearCrossEntropySchedule::kTokenChunks) {
+      return InvalidArgument(
+          "operand_dtype_logits runs the token-chunk schedule only; use kAuto "
+          "or kTokenChunks");
+    }
+    if (problem.has_bias()) {
+      return InvalidArgument(
+          "operand_dtype_logits takes no bias (the logits GEMM's bias epilogue "
+          "is fp32)");
     }
   }
   if (problem.options->schedule == LinearCrossEntropySchedule::kCompactChunks &&

@@ -36,8 +36,10 @@
 //
 // Precision, the same on both backends and on every schedule but
 // kCompactChunks (at the end): logits are fp32 (fp32
-// accumulation; f32 operands with use_tf32 go through TF32 on the GPU), and so
-// are the dlogits computed from them, which are then stored in the operand
+// accumulation; f32 operands with use_tf32 go through TF32 on the GPU; with
+// operand_dtype_logits they are then rounded to the operand dtype, and the
+// loss, lse and dlogits are those of the rounded logits), and so are the
+// dlogits computed from them, which are then stored in the operand
 // dtype: with bf16 or f16 operands each dlogit is rounded to it (f16 with the
 // mean reduction: after scaling by a power of two no larger than the mean's
 // denominator, undone exactly by the gradient GEMMs' alpha). d_hidden =
@@ -175,6 +177,16 @@ struct LinearCrossEntropyOptions {
   // tests/loss/linear_cross_entropy_test.cc). f32 outputs and d_hidden are
   // unaffected; the vocabulary-parallel ops refuse false.
   bool fp32_gradient_accumulation = true;
+  // 16-bit operands: the logits GEMM writes the logits rounded to the operand
+  // dtype (bf16 or f16), as PyTorch's 16-bit matmul does, and the
+  // cross-entropy runs on them: 2 bytes a logit instead of 4, so twice the
+  // tokens fit a chunk and its pass moves 4 bytes a logit instead of 6. The
+  // loss, lse and gradients are then those of the rounded logits (a logit's
+  // rounding is up to 2^-8 relative for bf16, 2^-11 for f16), not of the fp32
+  // ones. Token chunks only (kAuto takes them, even at budgets where fp32
+  // logits' schedules would be faster; other schedules are refused), no bias,
+  // no f32 operands (InvalidArgument); the vocabulary-parallel ops refuse it.
+  bool operand_dtype_logits = false;
   // GPU: run the cross-entropy kernels on a second stream, concurrently with
   // the GEMMs (where the plan expects it to pay; never inside a CUDA graph
   // capture).

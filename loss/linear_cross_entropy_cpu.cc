@@ -214,6 +214,10 @@ class CpuBackend final : public Backend {
   FloatMatrix hidden_;  // [N, H]
   FloatMatrix weight_;  // [V, H]
   float* logits_ = nullptr;
+  // operand_dtype_logits: the chunk's logits as fp32 values rounded to the
+  // operand dtype (the GPU keeps them in 16 bits, in the plan's half-size
+  // buffer; here, outside the budget like the operands' fp32 copies).
+  std::vector<float> rounded_logits_;
   ce::TargetStats* stats_ = nullptr;
   float* row_loss_ = nullptr;
   float* row_hit_ = nullptr;  // [N] the accuracy's terms, or null
@@ -267,6 +271,10 @@ absl::Status CpuBackend::Begin() {
   const LinearCrossEntropyInputs& in = *problem_.inputs;
   ASSIGN_OR_RETURN(block_, context_.allocator().Allocate(plan_.block_bytes));
   logits_ = At<float>(plan_.logits_offset);
+  if (plan_.logit_bytes != 4) {
+    rounded_logits_.assign(plan_.chunk_rows * plan_.chunk_ld, 0.0f);
+    logits_ = rounded_logits_.data();
+  }
   stats_ = At<ce::TargetStats>(plan_.stats_offset);
   row_loss_ = At<float>(plan_.row_loss_offset);
   row_hit_ = At<float>(plan_.row_hit_offset);
@@ -429,6 +437,16 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
     if (bias_ != nullptr) {
       logits.rowwise() +=
           Eigen::Map<const Eigen::RowVectorXf>(bias_ + block.col_begin, cols);
+    }
+    if (plan_.logit_bytes != 4) {
+      // As the GPU's GEMM rounds its fp32 sums into a 16-bit output.
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          uint16_t bits[1];
+          StoreHost(bits, operand_, 0, logits(i, j));
+          logits(i, j) = LoadHost(bits, operand_, 0);
+        }
+      }
     }
   }
   if (block.mode == CeMode::kSliceStats) {

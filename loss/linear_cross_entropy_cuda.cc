@@ -88,6 +88,15 @@ class CudaBackend final : public Backend {
   float* Logits(const Block& block, int64_t row) const {
     return logits_ + (row - block.row_begin) * block.ld;
   }
+  // A token chunk's logits row, fp32 or (operand_dtype_logits) 16-bit, as the
+  // plan's logit_bytes say; the slices' rows are fp32 (Logits).
+  void* ChunkLogits(const Block& block, int64_t row) const {
+    return reinterpret_cast<char*>(logits_) +
+           (row - block.row_begin) * block.ld * plan_.logit_bytes;
+  }
+  DType LogitsType() const {
+    return plan_.logit_bytes == 4 ? DType::kF32 : operand_;
+  }
   // dlogits rows start where their logits rows do (kCompactBackward: in the
   // compact rows, whose stride block.ld counts 16-bit elements); their stride
   // in operand elements.
@@ -95,11 +104,12 @@ class CudaBackend final : public Backend {
     return block.mode == CeMode::kCompactBackward
                ? static_cast<void*>(compact_ +
                                     (row - block.row_begin) * block.ld)
-               : static_cast<void*>(Logits(block, row));
+               : ChunkLogits(block, row);
   }
   int64_t DlogitsLd(const Block& block) const {
-    return block.mode == CeMode::kCompactBackward ? block.ld
-                                                  : block.ld * 4 / e_;
+    return block.mode == CeMode::kCompactBackward
+               ? block.ld
+               : block.ld * plan_.logit_bytes / e_;
   }
 
   absl::Status ComputeLogits(const Block& block, int64_t row_begin,
@@ -364,8 +374,8 @@ absl::Status CudaBackend::ComputeLogits(const Block& block, int64_t row_begin,
             weight.effective_row_stride(),  CUBLAS_OP_T};
   call.b = {RowOf(hidden, row_begin),      type,       problem_.hidden, rows,
             hidden.effective_row_stride(), CUBLAS_OP_N};
-  call.d = Logits(block, row_begin);
-  call.d_type = CUDA_R_32F;
+  call.d = ChunkLogits(block, row_begin);
+  call.d_type = LogitsType() == DType::kF32 ? CUDA_R_32F : type;
   call.m = cols;
   call.n = rows;
   call.ld_d = block.ld;
@@ -383,9 +393,10 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
     CUDA_RETURN_IF_ERROR(LaunchSliceBackward(args, stream));
     return absl::OkStatus();
   }
-  ce::RowArgs args = ce::MakeRowArgs(
-      Logits(block, row_begin), DType::kF32, block.ld, row_end - row_begin,
-      problem_.vocab, Targets(row_begin), targets.dtype == DType::kI64, ce_);
+  ce::RowArgs args =
+      ce::MakeRowArgs(ChunkLogits(block, row_begin), LogitsType(), block.ld,
+                      row_end - row_begin, problem_.vocab, Targets(row_begin),
+                      targets.dtype == DType::kI64, ce_);
   args.stats = stats_;
   args.lse = lse_ != nullptr ? lse_ + row_begin : nullptr;
   if (block.mode != CeMode::kBackward) {
@@ -399,8 +410,9 @@ absl::Status CudaBackend::CrossEntropy(const Block& block, int64_t row_begin,
   if (block.mode != CeMode::kForward) {
     args.grad_loss = GradLoss(row_begin);
     args.grad_loss_per_row = grad_loss_per_row_;
-    args.grad = Logits(
-        block, row_begin);  // in place: 16-bit rows start where fp32 rows do
+    // In place: 16-bit rows start where fp32 rows do (and 16-bit logits are
+    // overwritten element by element).
+    args.grad = ChunkLogits(block, row_begin);
     args.grad_type = operand_;
     args.grad_stride = DlogitsLd(block);
   }

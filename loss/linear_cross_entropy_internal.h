@@ -99,6 +99,9 @@ struct PlanInput {
   // LinearCrossEntropyOptions::fp32_gradient_accumulation: false, no fp32
   // accumulators for 16-bit d_weight and d_bias.
   bool fp32_gradient_accumulation = true;
+  // LinearCrossEntropyOptions::operand_dtype_logits: token chunks of 16-bit
+  // logits.
+  bool operand_dtype_logits = false;
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);
@@ -125,6 +128,9 @@ struct Plan {
   // needed).
   int64_t logits_offset = 0;  // fp32 logits / in-place dlogits
   int64_t logits_bytes = 0;
+  // Bytes of a logit in the buffer: 4, or 2 for token chunks of 16-bit logits
+  // (operand_dtype_logits; chunk_ld then counts 16-bit elements).
+  int64_t logit_bytes = 4;
   int64_t d_weight_acc_offset =
       -1;  // fp32 [V, H] when token chunks write a 16-bit d_weight
   int64_t d_bias_acc_offset =

@@ -122,6 +122,11 @@ absl::Status CheckInputs(const Context& context, Problem& p) {
             ? "kVocabSlices"
             : "kCompactChunks");
   }
+  if (options.operand_dtype_logits) {
+    return InvalidArgument(
+        "vocabulary-parallel linear cross-entropy: operand_dtype_logits is not "
+        "offered (the logits are fp32)");
+  }
   if (!options.fp32_gradient_accumulation) {
     return InvalidArgument(
         "vocabulary-parallel linear cross-entropy: fp32_gradient_accumulation "

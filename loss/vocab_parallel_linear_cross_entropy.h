@@ -39,7 +39,8 @@
 // are as large as max_workspace_bytes allows on the rank with the largest
 // slice. A 16-bit d_weight or d_bias is always summed over the chunks in an
 // fp32 accumulator (fp32_gradient_accumulation = false is not offered: it is
-// refused). The extras (CrossEntropyExtras) are not offered.
+// refused), and neither is operand_dtype_logits. The extras
+// (CrossEntropyExtras) are not offered.
 //
 // Errors: InvalidArgument with nothing written. Every rank takes part in one
 // exchange of a validity flag (an all-gather) before anything is written, so a

@@ -35,6 +35,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -180,6 +181,11 @@ struct Scenario {
       false;               // the smallest budget the plan accepts: many chunks
   int64_t chunk_rows = 0;  // LinearCrossEntropyOptions::chunk_rows
   double logit_scale = 1.0;
+  // LinearCrossEntropyOptions::operand_dtype_logits (16-bit operands only:
+  // AllCases skips f32). Its scenarios take hidden and weight on a grid of
+  // 1/32 in [-1, 1], whose logits' fp32 sums are exact, so that the GPU's
+  // rounding of them to 16 bits is the reference's rounding of the exact ones.
+  bool operand_dtype_logits = false;
 };
 
 std::vector<Scenario> Scenarios() {
@@ -412,6 +418,37 @@ std::vector<Scenario> Scenarios() {
   s.logit_scale = 3.0;
   all.push_back(s);
 
+  // 16-bit logits (operand_dtype_logits): token chunks, no bias.
+  s = Scenario();
+  s.name = "operand_logits_plain";
+  s.ignore_fraction = 0.1;
+  s.operand_dtype_logits = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "operand_logits_everything_small";
+  s.d_weight_f32 = false;
+  s.smoothing = 0.05f;
+  s.z_loss = 1e-3f;
+  s.softcap = 3.0f;
+  s.class_weights = true;
+  s.ignore_fraction = 0.1;
+  s.smallest_budget = true;
+  s.operand_dtype_logits = true;
+  all.push_back(s);
+
+  s = Scenario();
+  s.name = "operand_logits_none_padded";
+  s.reduction = Reduction::kNone;
+  s.pad = 3;
+  s.targets_i32 = true;
+  s.d_hidden_f32 = true;
+  s.smallest_budget = true;
+  s.n = 45;
+  s.v = 301;
+  s.operand_dtype_logits = true;
+  all.push_back(s);
+
   s = Scenario();
   s.name = "one_token_vocab_slices";
   s.n = 1;
@@ -438,6 +475,8 @@ std::vector<Scenario> Scenarios() {
 // reference.
 
 struct Data {
+  // operand_dtype_logits: the dtype the reference rounds its logits to.
+  std::optional<DType> logits_dtype;
   std::vector<double> hidden;  // [N, H]
   std::vector<double> weight;  // [V, H]
   std::vector<double> bias;    // [V] or empty
@@ -455,10 +494,21 @@ Data MakeData(const Scenario& s, DType dtype, uint64_t seed) {
   // Logits of standard deviation about logit_scale.
   const double hidden_scale = s.logit_scale;
   const double weight_scale = 1.0 / std::sqrt(static_cast<double>(s.h));
-  for (int64_t i = 0; i < s.n * s.h; ++i)
-    d.hidden.push_back(RoundTo(dtype, hidden_scale * normal(rng)));
-  for (int64_t i = 0; i < s.v * s.h; ++i)
-    d.weight.push_back(RoundTo(dtype, weight_scale * normal(rng)));
+  if (s.operand_dtype_logits) {
+    // On the 1/32 grid: products are multiples of 2^-10 below 1, so the
+    // logits' sums (|sum| <= H) are exact in fp32 for H < 2^13.
+    d.logits_dtype = dtype;
+    std::uniform_int_distribution<int> grid(-32, 32);
+    for (int64_t i = 0; i < s.n * s.h; ++i)
+      d.hidden.push_back(grid(rng) / 32.0);
+    for (int64_t i = 0; i < s.v * s.h; ++i)
+      d.weight.push_back(grid(rng) / 32.0);
+  } else {
+    for (int64_t i = 0; i < s.n * s.h; ++i)
+      d.hidden.push_back(RoundTo(dtype, hidden_scale * normal(rng)));
+    for (int64_t i = 0; i < s.v * s.h; ++i)
+      d.weight.push_back(RoundTo(dtype, weight_scale * normal(rng)));
+  }
   if (s.bias != BiasKind::kNone) {
     const DType bias_type = s.bias == BiasKind::kF32 ? DType::kF32 : dtype;
     for (int64_t j = 0; j < s.v; ++j)
@@ -510,7 +560,7 @@ ReferenceResult ReferenceOnLogits(const Scenario& s, const Data& d,
       double sum = d.bias.empty() ? 0.0 : d.bias[j];
       for (int64_t k = 0; k < h; ++k)
         sum += d.hidden[i * h + k] * d.weight[j * h + k];
-      logits[i * v + j] = sum;
+      logits[i * v + j] = d.logits_dtype ? RoundTo(*d.logits_dtype, sum) : sum;
     }
   }
   return CrossEntropyReference(logits, d.targets, v, RefOptions(s, d),
@@ -592,6 +642,7 @@ class Harness {
     options.cross_entropy.softcap = s_.softcap;
     options.schedule = s_.schedule;
     options.chunk_rows = s_.chunk_rows;
+    options.operand_dtype_logits = s_.operand_dtype_logits;
     if (!d.class_weights.empty()) {
       ASSIGN_OR_RETURN(class_weights, MakeArray(c, DType::kF32, {s_.v}));
       for (int64_t j = 0; j < s_.v; ++j)
@@ -649,6 +700,8 @@ class Harness {
     in.chunk_rows = s_.chunk_rows;
     in.softcap = s_.softcap > 0.0f;
     in.fp32_gradient_accumulation = options.fp32_gradient_accumulation;
+    in.operand_dtype_logits =
+        options.operand_dtype_logits && dtype_ != DType::kF32;
     return in;
   }
 
@@ -819,8 +872,9 @@ std::vector<CaseParam> AllCases() {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (const Scenario& s : Scenarios()) {
         if (dtype == DType::kF32 &&
-            s.schedule == LinearCrossEntropySchedule::kCompactChunks) {
-          continue;  // refused: CompactChunksRefusals
+            (s.schedule == LinearCrossEntropySchedule::kCompactChunks ||
+             s.operand_dtype_logits)) {
+          continue;  // refused: CompactChunksRefusals, OperandDtypeLogits
         }
         cases.push_back({gpu, dtype, s});
       }
@@ -1344,6 +1398,26 @@ TEST(LinearCrossEntropyPlanTest, OutputDtypeSumsTakeTheTokenChunks) {
   EXPECT_LE(bf16_sums->total_bytes, kGiB);
 }
 
+// 16-bit logits (operand_dtype_logits) take half a row's bytes: at 1 GiB all
+// 4096 tokens of the first benchmark shape fit one token chunk (no d_weight
+// accumulation), against two chunks of fp32 logits.
+TEST(LinearCrossEntropyPlanTest, OperandDtypeLogitsHalveTheChunks) {
+  lce::PlanInput in = BenchPlanInput(4096, 4096, 128256, kGiB, DType::kF32);
+  in.operand_dtype_logits = true;
+  const absl::StatusOr<lce::Plan> plan = lce::MakePlan(in);
+  ASSERT_OK(plan.status());
+  EXPECT_EQ(plan->schedule, LinearCrossEntropySchedule::kTokenChunks);
+  EXPECT_EQ(plan->logit_bytes, 2);
+  EXPECT_EQ(plan->num_chunks, 1) << plan->ToString();
+  EXPECT_EQ(plan->logits_bytes, 2 * 4096 * plan->chunk_ld);
+  EXPECT_LE(plan->total_bytes, kGiB);
+  in.operand_dtype_logits = false;
+  const absl::StatusOr<lce::Plan> fp32 = lce::MakePlan(in);
+  ASSERT_OK(fp32.status());
+  EXPECT_EQ(fp32->logit_bytes, 4);
+  EXPECT_EQ(fp32->num_chunks, 2) << fp32->ToString();
+}
+
 // ---------------------------------------------------------------------------------------
 // Special cases on every backend.
 
@@ -1632,6 +1706,47 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
 // kCompactChunks writes target_logprob on the fused pass, and refuses what it
 // cannot compute: f32 operands, the soft cap, whole-row statistics and the
 // split backward, with InvalidArgument and nothing written.
+// operand_dtype_logits: refused (InvalidArgument, nothing written) for f32
+// operands, with a bias, and with a schedule other than the token chunks.
+TEST_P(LinearCrossEntropyTest, OperandDtypeLogitsRefusals) {
+  const struct {
+    const char* name;
+    DType dtype;
+    BiasKind bias;
+    LinearCrossEntropySchedule schedule;
+  } refusals[] = {
+      {"f32 operands", DType::kF32, BiasKind::kNone,
+       LinearCrossEntropySchedule::kAuto},
+      {"bias", DType::kBF16, BiasKind::kF32, LinearCrossEntropySchedule::kAuto},
+      {"two-pass", DType::kBF16, BiasKind::kNone,
+       LinearCrossEntropySchedule::kTwoPass},
+      {"vocabulary slices", DType::kF16, BiasKind::kNone,
+       LinearCrossEntropySchedule::kVocabSlices},
+  };
+  for (const auto& refusal : refusals) {
+    SCOPED_TRACE(refusal.name);
+    Scenario s;
+    s.bias = refusal.bias;
+    s.schedule = refusal.schedule;
+    s.operand_dtype_logits = true;
+    const Data data = MakeData(s, refusal.dtype, test::TestSeed());
+    Harness h(s, refusal.dtype);
+    ASSERT_OK(h.Init(device(), data));
+    ASSERT_OK(h.PoisonOutputs());
+    const absl::Status status = LinearCrossEntropyForwardBackward(
+        h.context(), h.inputs, h.options, h.loss.view, &h.lse.view,
+        h.gradients);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("operand_dtype_logits"),
+              absl::string_view::npos)
+        << status;
+    ASSERT_OK(h.DownloadOutputs());
+    ExpectAllPoison(h.loss, "refused loss");
+    ExpectAllPoison(h.d_hidden, "refused d_hidden");
+    ExpectAllPoison(h.d_weight, "refused d_weight");
+  }
+}
+
 TEST_P(LinearCrossEntropyTest, CompactChunksTargetLogprobAndRefusals) {
   Scenario s;
   s.n = 40;
