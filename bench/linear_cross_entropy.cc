@@ -599,10 +599,7 @@ absl::StatusOr<ShapeResult> RunShape(Context& context, const Shape3& s,
         context, fused(default_budget, t.d_weight_bf16.view, fp32_sums));
     if (m.ok()) {
       out = *m;
-    } else if (options.schedule == LinearCrossEntropySchedule::kAuto &&
-               !options.operand_dtype_logits) {
-      // (16-bit logits take token chunks only: a bf16 d_weight's fp32
-      // accumulator may leave no room for one.)
+    } else if (options.schedule == LinearCrossEntropySchedule::kAuto) {
       return m.status();
     } else {
       plan = absl::StrCat("not run: ", m.status().message());

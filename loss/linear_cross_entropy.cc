@@ -710,8 +710,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
         "schedule");
   }
   std::vector<Schedule> schedules;
-  if (input.tokens == 0 || input.operand_dtype_logits) {
-    // (The driver refuses other schedules with 16-bit logits.)
+  if (input.tokens == 0) {
     schedules = {Schedule::kTokenChunks};
   } else if (input.schedule == Schedule::kVocabSlices ||
              (input.schedule == Schedule::kCompactChunks &&
@@ -1225,8 +1224,8 @@ absl::Status CheckOutputs(const Context& context, const Problem& problem) {
     if (schedule != LinearCrossEntropySchedule::kAuto &&
         schedule != LinearCrossEntropySchedule::kTokenChunks) {
       return InvalidArgument(
-          "operand_dtype_logits runs the token-chunk schedule only; use kAuto "
-          "or kTokenChunks");
+          "operand_dtype_logits rounds the logits of token chunks only; use "
+          "kAuto or kTokenChunks");
     }
     if (problem.has_bias()) {
       return InvalidArgument(

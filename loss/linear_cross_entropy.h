@@ -37,22 +37,22 @@
 // Precision, the same on both backends and on every schedule but
 // kCompactChunks (at the end): logits are fp32 (fp32
 // accumulation; f32 operands with use_tf32 go through TF32 on the GPU; with
-// operand_dtype_logits they are then rounded to the operand dtype, and the
-// loss, lse and dlogits are those of the rounded logits), and so are the
-// dlogits computed from them, which are then stored in the operand
-// dtype: with bf16 or f16 operands each dlogit is rounded to it (f16 with the
-// mean reduction: after scaling by a power of two no larger than the mean's
-// denominator, undone exactly by the gradient GEMMs' alpha). d_hidden =
-// dlogits @ weight, d_weight = dlogits^T @ hidden and d_bias = the column sums
-// of dlogits all come from those stored dlogits (d_bias too: on the GPU a GEMV
-// of them with a vector of ones), with fp32 accumulation: cuBLASLt with fp32
-// compute on the GPU, Eigen in fp32 on the CPU (from exact fp32 copies of
-// 16-bit operands); products of 16-bit values are exact. With token chunks
-// d_weight and d_bias are summed over the chunks in fp32 (in the output itself
-// when it is f32, else in an fp32 accumulator); the two-pass schedule writes
-// each vocabulary slice's once; kVocabSlices sums d_hidden over the slices and
-// d_weight and d_bias over the token blocks in fp32 the same way. Every
-// gradient is rounded once to its output dtype (but a 16-bit d_weight and
+// operand_dtype_logits, where the plan runs token chunks, they are then rounded
+// to the operand dtype, and the loss, lse and dlogits are those of the rounded
+// logits), and so are the dlogits computed from them, which are then stored in
+// the operand dtype: with bf16 or f16 operands each dlogit is rounded to it
+// (f16 with the mean reduction: after scaling by a power of two no larger than
+// the mean's denominator, undone exactly by the gradient GEMMs' alpha).
+// d_hidden = dlogits @ weight, d_weight = dlogits^T @ hidden and d_bias = the
+// column sums of dlogits all come from those stored dlogits (d_bias too: on the
+// GPU a GEMV of them with a vector of ones), with fp32 accumulation: cuBLASLt
+// with fp32 compute on the GPU, Eigen in fp32 on the CPU (from exact fp32
+// copies of 16-bit operands); products of 16-bit values are exact. With token
+// chunks d_weight and d_bias are summed over the chunks in fp32 (in the output
+// itself when it is f32, else in an fp32 accumulator); the two-pass schedule
+// writes each vocabulary slice's once; kVocabSlices sums d_hidden over the
+// slices and d_weight and d_bias over the token blocks in fp32 the same way.
+// Every gradient is rounded once to its output dtype (but a 16-bit d_weight and
 // d_bias with fp32_gradient_accumulation off: once a chunk). So with 16-bit
 // operands, f32 gradient outputs spare only that final rounding: they carry the
 // dlogits' (up to 2^-8 relative per dlogit for bf16, 2^-11 for f16, and nearly
@@ -183,9 +183,15 @@ struct LinearCrossEntropyOptions {
   // tokens fit a chunk and its pass moves 4 bytes a logit instead of 6. The
   // loss, lse and gradients are then those of the rounded logits (a logit's
   // rounding is up to 2^-8 relative for bf16, 2^-11 for f16), not of the fp32
-  // ones. Token chunks only (kAuto takes them, even at budgets where fp32
-  // logits' schedules would be faster; other schedules are refused), no bias,
-  // no f32 operands (InvalidArgument); the vocabulary-parallel ops refuse it.
+  // ones. The token chunks take 16-bit logits; kAuto weighs them against the
+  // other schedules, which keep fp32 logits, and takes whichever its cost
+  // model expects faster or alone fits (small budgets; a bf16 d_weight's fp32
+  // accumulator beside token chunks), so a call's logits are 16-bit only where
+  // its plan runs token chunks. Each call plans for itself: a split backward
+  // may pair its logits with an lse of the other precision (pass kTokenChunks
+  // to both to keep them alike). kTokenChunks always rounds; kTwoPass,
+  // kVocabSlices and kCompactChunks, a bias and f32 operands are refused
+  // (InvalidArgument); the vocabulary-parallel ops refuse the option.
   bool operand_dtype_logits = false;
   // GPU: run the cross-entropy kernels on a second stream, concurrently with
   // the GEMMs (where the plan expects it to pay; never inside a CUDA graph

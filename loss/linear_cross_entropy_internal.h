@@ -99,8 +99,8 @@ struct PlanInput {
   // LinearCrossEntropyOptions::fp32_gradient_accumulation: false, no fp32
   // accumulators for 16-bit d_weight and d_bias.
   bool fp32_gradient_accumulation = true;
-  // LinearCrossEntropyOptions::operand_dtype_logits: token chunks of 16-bit
-  // logits.
+  // LinearCrossEntropyOptions::operand_dtype_logits: token chunks hold 16-bit
+  // logits (the other schedules keep fp32 ones).
   bool operand_dtype_logits = false;
 };
 
