@@ -16,14 +16,18 @@ method as ../shared/anchors/peers.py (triton.testing.do_bench medians, CUDA even
 
 each with the peak device memory beyond inputs and gradients (max_memory_allocated after
 reset, minus what was allocated before the step). Peers are imported from the Python path
-(e.g. wheels installed with pip --target and PYTHONPATH). With --ours PATH (the JSON lines of
-`bazel run -c opt //bench:linear_cross_entropy -- --json=PATH`, ideally from the same
-session) our fused call's columns are printed next to them.
+(e.g. wheels installed with pip --target and PYTHONPATH). With --ours PATH[,PATH...] (the
+JSON lines of `bazel run -c opt //bench:linear_cross_entropy -- --json=PATH`, ideally from
+the same call; one file with and one without --operand_dtype_logits, say) our fused calls'
+columns are printed next to them: f32 d_weight, and bf16 d_weight summed in bf16. The files
+are read first, so a wrong path fails before the peers run. --table_from JSON prints the
+table of a saved run and runs nothing (no GPU, torch or triton needed).
 
-  python3 bench/peers_linear_cross_entropy.py [--ours lce.json] [--shapes 4096x4096x128256,...]
-      [--peers torch,liger,cce,quack] [--quack_chunk 4096]
+  python3 bench/peers_linear_cross_entropy.py [--ours a.jsonl,b.jsonl] [--shapes 4096x4096x128256,...]
+      [--peers torch,liger,cce,quack] [--quack_chunk 4096] [--table_from peers.json]
 
-Writes $OUT/peers_linear_cross_entropy.json (or ./ without $OUT) and prints a table last.
+Writes $OUT/peers_linear_cross_entropy.json (or ./ without $OUT) after each shape and prints
+a table last.
 """
 import argparse
 import importlib
@@ -31,9 +35,17 @@ import json
 import os
 import traceback
 
-import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
+torch = None  # imported by import_torch(): --table_from needs neither torch nor triton
+F = None
+do_bench = None
+
+
+def import_torch():
+    global torch, F, do_bench
+    import torch as torch_module
+    import torch.nn.functional as functional
+    from triton.testing import do_bench as triton_do_bench
+    torch, F, do_bench = torch_module, functional, triton_do_bench
 
 SHAPES = "4096x4096x128256,16384x4096x128256,16384x768x50304,8192x2304x256000"
 
@@ -122,23 +134,73 @@ def run_shape(n, h, v, peers, rep):
     return row
 
 
-def load_ours(path):
+def load_ours(paths):
+    """{label: {(N, H, V): record}} from comma-separated JSON-lines files, read before any
+    peer runs (a missing file fails at once). Each file's label says whether its fused calls
+    ran on 16-bit logits (--operand_dtype_logits)."""
     ours = {}
-    if not path:
-        return ours
-    with open(path) as lines:
-        for line in lines:
-            line = line.strip()
-            if line:
-                record = json.loads(line)
-                ours[(int(record["N"]), int(record["H"]), int(record["V"]))] = record
+    for path in filter(None, paths.split(",")):
+        records = {}
+        with open(path) as lines:
+            for line in lines:
+                line = line.strip()
+                if line:
+                    record = json.loads(line)
+                    records[(int(record["N"]), int(record["H"]), int(record["V"]))] = record
+        label = "ours"
+        if any(r.get("operand_dtype_logits") in (True, "true") for r in records.values()):
+            label = "ours 16-bit logits"
+        while label in ours:
+            label += "'"
+        ours[label] = records
     return ours
+
+
+def ours_cells(record, key):
+    """ms / MiB / x of one of our fused figures, or '-' where it is missing."""
+    if not record or record.get(key + "_ms") is None:
+        return "-"
+    ms = record[key + "_ms"]
+    peak = record.get(key + "_peak_extra_bytes") or 0
+    return f"{ms:.2f} / {peak / 2**20:.0f} / {ms / record['gemms_3_ms']:.2f}x"
+
+
+def print_table(result, ours):
+    """The side-by-side table: per shape, the peers' figures against this run's three GEMMs
+    and ours (f32 d_weight, and a bf16 d_weight summed in bf16 as the peers' is produced)
+    against the three GEMMs of our own bench's process."""
+    names = list(result["peers"])
+    print(f"\nlinear cross-entropy peers on {result['gpu']} (ms / MiB of peak extra memory; "
+          "x = / 3 GEMMs of the same process)")
+    header = ["N x H x V", "3 GEMMs"]
+    for label in ours:
+        header += [f"{label}, f32 dW", f"{label}, bf16 dW sums"]
+    header += names
+    print(" | ".join(f"{c:>26}" if i else f"{c:<18}" for i, c in enumerate(header)))
+    for row in result["rows"]:
+        base = row["gemms_3_ms"]
+        cells = [f"{row['N']}x{row['H']}x{row['V']}", f"{base:.2f}"]
+        for records in ours.values():
+            record = records.get((row["N"], row["H"], row["V"]))
+            cells += [ours_cells(record, "fused"), ours_cells(record, "fused_dweight_bf16_sums")]
+        for name in names:
+            if name + "_ms" in row:
+                cells.append(f"{row[name + '_ms']:.2f} / {row[name + '_peak_extra_mib']:.0f} "
+                             f"/ {row[name + '_ms'] / base:.2f}x")
+            else:
+                cells.append("error")
+        print(" | ".join(f"{c:>26}" if i else f"{c:<18}" for i, c in enumerate(cells)))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated NxHxV")
-    parser.add_argument("--ours", default="", help="JSON lines of //bench:linear_cross_entropy")
+    parser.add_argument("--ours", default="",
+                        help="comma-separated JSON-lines files of //bench:linear_cross_entropy "
+                        "(e.g. with and without --operand_dtype_logits)")
+    parser.add_argument("--table_from", default="",
+                        help="print the table of a saved peers_linear_cross_entropy.json "
+                        "(with --ours) and run nothing: no GPU, torch or triton needed")
     parser.add_argument("--rep", type=int, default=300, help="do_bench rep (ms of timing)")
     parser.add_argument("--quack_chunk", type=int, default=4096,
                         help="chunk_size of QuACK's chunked_linear_cross_entropy")
@@ -146,7 +208,13 @@ def main():
                         help="comma-separated subset of torch,liger,cce,quack to run "
                         "(default: every importable one)")
     args = parser.parse_args()
+    ours = load_ours(args.ours)
+    if args.table_from:
+        with open(args.table_from) as saved:
+            print_table(json.load(saved), ours)
+        return
 
+    import_torch()
     peers, errors = load_peers(args.quack_chunk)
     if args.peers:
         wanted = args.peers.split(",")
@@ -165,28 +233,7 @@ def main():
         with open(os.path.join(out_dir, "peers_linear_cross_entropy.json"), "w") as out:
             json.dump(result, out, indent=1)
 
-    ours = load_ours(args.ours)
-    names = list(peers)
-    print(f"\nlinear cross-entropy peers on {result['gpu']} (ms / MiB of peak extra memory; "
-          "x = / 3 GEMMs of this run)")
-    header = ["N x H x V", "3 GEMMs"] + (["ours 1GiB"] if ours else []) + names
-    print(" | ".join(f"{c:>22}" if i else f"{c:<18}" for i, c in enumerate(header)))
-    for row in result["rows"]:
-        base = row["gemms_3_ms"]
-        cells = [f"{row['N']}x{row['H']}x{row['V']}", f"{base:.2f}"]
-        record = ours.get((row["N"], row["H"], row["V"]))
-        if ours:
-            cells.append(
-                f"{record['fused_ms']:.2f} / {record['fused_peak_extra_bytes'] / 2**20:.0f} "
-                f"/ {record['fused_ms'] / record['gemms_3_ms']:.2f}x" if record else "-")
-        for name in names:
-            if name + "_ms" in row:
-                cells.append(f"{row[name + '_ms']:.2f} / {row[name + '_peak_extra_mib']:.0f} "
-                             f"/ {row[name + '_ms'] / base:.2f}x")
-            else:
-                cells.append("error")
-        print(" | ".join(f"{c:>22}" if i else f"{c:<18}" for i, c in enumerate(cells)))
-
+    print_table(result, ours)
 
 if __name__ == "__main__":
     main()

@@ -114,6 +114,10 @@ ABSL_FLAG(bool, tied, true, "Tie the head to the token embedding.");
 ABSL_FLAG(std::string, head, "fused",
           "fused (linear cross-entropy, no logits) or unfused (full logits + "
           "cross-entropy).");
+ABSL_FLAG(bool, lce_operand_dtype_logits, false,
+          "With --head=fused and --dtype=bf16: the head's cross-entropy on "
+          "bf16 logits where its plan runs token chunks, as PyTorch's bf16 "
+          "head (LinearCrossEntropyOptions::operand_dtype_logits).");
 ABSL_FLAG(int32_t, batch, 0,
           "Sequences per micro-batch, 1 to 65536 (0: device default).");
 ABSL_FLAG(int32_t, micro_batches, 1,
@@ -792,6 +796,16 @@ absl::Status Run() {
   if (dtype_flag == "auto") dtype_flag = device.is_cuda() ? "bf16" : "f32";
   const DType dtype = dtype_flag == "bf16" ? DType::kBF16 : DType::kF32;
   const std::string head_flag = absl::GetFlag(FLAGS_head);
+  const bool bf16_logits = absl::GetFlag(FLAGS_lce_operand_dtype_logits);
+  if (bf16_logits && dtype != DType::kBF16) {
+    return BadFlag("lce_operand_dtype_logits", "true",
+                   absl::StrCat("false with --dtype=", dtype_flag,
+                                " (it rounds the logits to bf16 operands)"));
+  }
+  if (bf16_logits && head_flag != "fused") {
+    return BadFlag("lce_operand_dtype_logits", "true",
+                   absl::StrCat("false with --head=", head_flag));
+  }
 
   // ---- Optimizer (each rank adds its communicator) ----
   graph::TrainerOptions base_options;
@@ -835,6 +849,7 @@ absl::Status Run() {
     const bool lead = rank == 0;
     // Nothing to switch off for the CUDA graph: the ops detect the capture.
     LinearCrossEntropyOptions head_options;
+    head_options.operand_dtype_logits = bf16_logits;
     ops::CausalAttentionOptions attention;
     ASSIGN_OR_RETURN(attention.kernel,
                      ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));

@@ -308,6 +308,8 @@ BAD_FLAGS=(
   "--mlp=swigl|--mlp='swigl' is invalid: want one of gelu, swiglu"
   "--attention=bogus|--attention='bogus' is invalid: want one of auto, flash, cudnn, cublas"
   "--head=fast|--head='fast' is invalid" "--dtype=f16|--dtype='f16' is invalid"
+  "--lce_operand_dtype_logits|--lce_operand_dtype_logits=true is invalid: want false with --dtype=f32"
+  "--lce_operand_dtype_logits --dtype=bf16 --head=unfused|--lce_operand_dtype_logits=true is invalid: want false with --head=unfused"
   "--device=gpu|--device='gpu' is invalid" "--device=cuda:-1|--device='cuda:-1' is invalid"
   "--tokenizer=|--tokenizer='' is invalid" "--vocab=100|--vocab=100 is invalid"
   "--layers=-2|--layers=-2 is invalid" "--heads=-1|--heads=-1 is invalid"
