@@ -440,13 +440,8 @@ absl::Status CpuBackend::RunBlock(const Block& block) {
     }
     if (plan_.logit_bytes != 4) {
       // As the GPU's GEMM rounds its fp32 sums into a 16-bit output.
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t j = 0; j < cols; ++j) {
-          uint16_t bits[1];
-          StoreHost(bits, operand_, 0, logits(i, j));
-          logits(i, j) = LoadHost(bits, operand_, 0);
-        }
-      }
+      logits = logits.unaryExpr(
+          [this](float z) { return RoundToDType(operand_, z); });
     }
   }
   if (block.mode == CeMode::kSliceStats) {

@@ -96,17 +96,6 @@ void StoreHost(void* base, DType type, int64_t i, float value) {
   }
 }
 
-float RoundTo(DType type, float value) {
-  switch (type) {
-    case DType::kBF16:
-      return Bf16BitsToFloat(FloatToBf16Bits(value));
-    case DType::kF16:
-      return F16BitsToFloat(FloatToF16Bits(value));
-    default:
-      return value;
-  }
-}
-
 int64_t LoadTarget(const Tensor& targets, int64_t i) {
   return targets.dtype == DType::kI64 ? targets.data_as<const int64_t>()[i]
                                       : targets.data_as<const int32_t>()[i];
@@ -322,7 +311,8 @@ void RowFinishCpu(const ChunkArgs& args) {
     if (owner) zr[t - offset] = target_grad;
     // The single-device ops' dlogits are in the operand dtype.
     if (args.grad_type != DType::kF32) {
-      for (int64_t j = 0; j < v; ++j) zr[j] = RoundTo(args.grad_type, zr[j]);
+      for (int64_t j = 0; j < v; ++j)
+        zr[j] = RoundToDType(args.grad_type, zr[j]);
     }
   }
 }

@@ -58,8 +58,6 @@ int64_t TargetsHash(const Tensor& targets);
 float LoadHost(const void* base, DType type, int64_t i);
 // Stores `value` rounded to `type` at element i of a host array.
 void StoreHost(void* base, DType type, int64_t i, float value);
-// `value` rounded to `type` and back (f32: unchanged).
-float RoundTo(DType type, float value);
 // Target i of an i64 or i32 host tensor.
 int64_t LoadTarget(const Tensor& targets, int64_t i);
 

@@ -70,6 +70,19 @@ inline float Bf16BitsToFloat(uint16_t value) {
 uint16_t FloatToF16Bits(float value);
 float F16BitsToFloat(uint16_t value);
 
+// `value` rounded to bf16 or f16 (nearest even) and back to float; other
+// dtypes leave it unchanged.
+inline float RoundToDType(DType dtype, float value) {
+  switch (dtype) {
+    case DType::kBF16:
+      return Bf16BitsToFloat(FloatToBf16Bits(value));
+    case DType::kF16:
+      return F16BitsToFloat(FloatToF16Bits(value));
+    default:
+      return value;
+  }
+}
+
 }  // namespace lossrt
 
 #endif  // LOSSRT_RUNTIME_DTYPE_H_
