@@ -87,7 +87,7 @@ ABSL_FLAG(bool, plans_only, false,
           "(runs without a GPU)");
 ABSL_FLAG(bool, operand_dtype_logits, false,
           "LinearCrossEntropyOptions::operand_dtype_logits of the fused calls "
-          "and printed plans (bf16 logits: token chunks only)");
+          "and printed plans (bf16 logits where a plan runs token chunks)");
 ABSL_FLAG(std::string, plans_d_weight, "f32",
           "--plans_only: the d_weight dtype of the printed plans, f32 or bf16");
 ABSL_FLAG(bool, plans_fp32_gradient_accumulation, true,
@@ -708,12 +708,9 @@ absl::Status RunGpu(const Device& device) {
   std::printf(
       "\nchecks (fused vs unfused, first 512 rows of the gradients):\n");
   for (const ShapeResult& r : results) {
-    // 16-bit logits (--operand_dtype_logits) move each logit by up to 2^-8
-    // relative against the unfused path's fp32 logits: their loss is held to
-    // 1e-3, fp32 logits' to 1e-5.
-    const double loss_tolerance =
-        absl::GetFlag(FLAGS_operand_dtype_logits) ? 1e-3 : 1e-5;
-    const bool ok = r.check_loss < loss_tolerance && r.check_d_hidden < 1e-2 &&
+    // (16-bit logits, --operand_dtype_logits, are held to the same 1e-5: the
+    // mean loss averages their roundings out.)
+    const bool ok = r.check_loss < 1e-5 && r.check_d_hidden < 1e-2 &&
                     r.check_d_weight < 1e-2;
     checks_ok = checks_ok && ok;
     std::printf("  %-18s loss %.1e, d_hidden %.1e, d_weight %.1e: %s\n",

@@ -1785,11 +1785,8 @@ TEST_P(LinearCrossEntropyTest, NearCertainTargetsKeepTheirGradients) {
 // the merged statistics, on the forward and the fused pass, and refuses the
 // extras and the entropy term that need whole rows: InvalidArgument, nothing
 // written.
-// kCompactChunks writes target_logprob on the fused pass, and refuses what it
-// cannot compute: f32 operands, the soft cap, whole-row statistics and the
-// split backward, with InvalidArgument and nothing written.
 // operand_dtype_logits: refused (InvalidArgument, nothing written) for f32
-// operands, with a bias, and with a schedule other than the token chunks.
+// operands, with a bias, and with kTwoPass, kVocabSlices or kCompactChunks.
 TEST_P(LinearCrossEntropyTest, OperandDtypeLogitsRefusals) {
   const struct {
     const char* name;
@@ -1804,6 +1801,8 @@ TEST_P(LinearCrossEntropyTest, OperandDtypeLogitsRefusals) {
        LinearCrossEntropySchedule::kTwoPass},
       {"vocabulary slices", DType::kF16, BiasKind::kNone,
        LinearCrossEntropySchedule::kVocabSlices},
+      {"compact chunks", DType::kBF16, BiasKind::kNone,
+       LinearCrossEntropySchedule::kCompactChunks},
   };
   for (const auto& refusal : refusals) {
     SCOPED_TRACE(refusal.name);
@@ -1829,6 +1828,9 @@ TEST_P(LinearCrossEntropyTest, OperandDtypeLogitsRefusals) {
   }
 }
 
+// kCompactChunks writes target_logprob on the fused pass, and refuses what it
+// cannot compute: f32 operands, the soft cap, whole-row statistics and the
+// split backward, with InvalidArgument and nothing written.
 TEST_P(LinearCrossEntropyTest, CompactChunksTargetLogprobAndRefusals) {
   Scenario s;
   s.n = 40;
