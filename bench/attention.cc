@@ -69,7 +69,9 @@ ABSL_FLAG(std::string, json, "",
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda[:N]");
 ABSL_FLAG(std::string, kernels, "auto,cudnn",
           "comma-separated GPU kernels to time side by side: auto (the "
-          "default options, as the graph calls the op), flash, cudnn, cublas");
+          "default options, as the graph calls the op), flash, cudnn, cublas, "
+          "cudnn_atomic (cuDNN with CausalAttentionOptions::deterministic "
+          "false: dQ added with atomics)");
 
 namespace lossrt {
 namespace {
@@ -87,8 +89,17 @@ struct Check {
   double dqkv_error = -1;
 };
 
-struct Row {
+// A --kernels entry: the op's kernel and its backward's determinism.
+struct KernelEntry {
   ops::AttentionKernel kernel = ops::AttentionKernel::kAuto;
+  bool deterministic = true;
+  const char* name() const {
+    return deterministic ? ops::AttentionKernelName(kernel) : "cudnn_atomic";
+  }
+};
+
+struct Row {
+  KernelEntry kernel;
   int64_t head_dim = 0;
   int64_t seq = 0;
   int64_t batch = 0;
@@ -115,21 +126,26 @@ double ForwardFlops(int64_t batch, int64_t heads, int64_t seq,
 constexpr double kBackwardFlopsRatio = 2.5;
 
 // --kernels: the kernels this build has, in the order given (at least one).
-absl::StatusOr<std::vector<ops::AttentionKernel>> ParseKernels(
-    const std::string& text) {
-  std::vector<ops::AttentionKernel> kernels;
+absl::StatusOr<std::vector<KernelEntry>> ParseKernels(const std::string& text) {
+  std::vector<KernelEntry> kernels;
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    const absl::StatusOr<ops::AttentionKernel> kernel =
-        ops::ParseAttentionKernel(piece);
-    if (!kernel.ok()) {
-      return InvalidArgument("--kernels: ", kernel.status().message());
-    }
-    const absl::Status built = ops::AttentionKernelBuilt(*kernel);
-    if (built.ok()) {
-      kernels.push_back(*kernel);
+    KernelEntry entry;
+    if (piece == "cudnn_atomic") {
+      entry.kernel = ops::AttentionKernel::kCudnn;
+      entry.deterministic = false;
     } else {
-      std::printf("note: leaving out --kernels entry %s: %s\n",
-                  ops::AttentionKernelName(*kernel),
+      const absl::StatusOr<ops::AttentionKernel> kernel =
+          ops::ParseAttentionKernel(piece);
+      if (!kernel.ok()) {
+        return InvalidArgument("--kernels: ", kernel.status().message());
+      }
+      entry.kernel = *kernel;
+    }
+    const absl::Status built = ops::AttentionKernelBuilt(entry.kernel);
+    if (built.ok()) {
+      kernels.push_back(entry);
+    } else {
+      std::printf("note: leaving out --kernels entry %s: %s\n", entry.name(),
                   std::string(built.message()).c_str());
     }
   }
@@ -328,7 +344,7 @@ absl::Status Run() {
                            repeats, " and ", warmup);
   }
   if (heads < 1) return InvalidArgument("--heads must be >= 1, got ", heads);
-  std::vector<ops::AttentionKernel> kernels = {ops::AttentionKernel::kAuto};
+  std::vector<KernelEntry> kernels = {KernelEntry{}};
   if (device.is_cuda()) {
     ASSIGN_OR_RETURN(kernels, ParseKernels(absl::GetFlag(FLAGS_kernels)));
   }
@@ -401,11 +417,12 @@ absl::Status Run() {
         RETURN_IF_ERROR(FillNormal(s.qkv.view, ++seed, 0.0f, 1.0f, *context));
         RETURN_IF_ERROR(FillNormal(s.d_out.view, ++seed, 0.0f, 1.0f, *context));
       }
-      for (ops::AttentionKernel kernel : kernels) {
+      for (const KernelEntry& kernel : kernels) {
         Row row = shape;
         row.kernel = kernel;
         ops::CausalAttentionOptions options;
-        options.kernel = kernel;
+        options.kernel = kernel.kernel;
+        options.deterministic = kernel.deterministic;
         // The Context overload: exact for cuDNN, whose graphs it builds (so
         // that the timed calls only run them).
         ASSIGN_OR_RETURN(
@@ -467,7 +484,7 @@ absl::Status Run() {
         "inputs; out, d_qkv: max |diff| / max |ref|; lse: max |diff|\n");
   }
   std::printf(
-      "| %-6s | %4s | %5s | %5s | %5s | %10s | %8s | %6s | %10s | %8s | %6s "
+      "| %-12s | %4s | %5s | %5s | %5s | %10s | %8s | %6s | %10s | %8s | %6s "
       "| %9s | %9s | %9s |\n",
       "kernel", "D", "seq", "batch", "heads", "fwd_us", "fwd_TF/s", "%gemm",
       "bwd_us", "bwd_TF/s", "%gemm", "out_err", "lse_err", "dqkv_err");
@@ -497,10 +514,9 @@ absl::Status Run() {
     auto error = [](double e) {
       return e >= 0 ? absl::StrFormat("%.2e", e) : std::string("-");
     };
-    const char* kernel =
-        device.is_cpu() ? "cpu" : ops::AttentionKernelName(row.kernel);
+    const char* kernel = device.is_cpu() ? "cpu" : row.kernel.name();
     std::printf(
-        "| %-6s | %4lld | %5lld | %5lld | %5lld | %10.1f | %8.2f | %6s | "
+        "| %-12s | %4lld | %5lld | %5lld | %5lld | %10.1f | %8.2f | %6s | "
         "%10.1f | %8.2f | %6s | %9s | %9s | %9s |\n",
         kernel, static_cast<long long>(row.head_dim),
         static_cast<long long>(row.seq), static_cast<long long>(row.batch),

@@ -85,6 +85,9 @@ ABSL_FLAG(
     std::string, attention, "auto",
     "The attention op's GPU kernel: auto (the op's default), flash (ours), "
     "cudnn (cuDNN's fused attention) or cublas.");
+ABSL_FLAG(bool, attention_deterministic, true,
+          "CausalAttentionOptions::deterministic: cuDNN's deterministic "
+          "backward (false: its atomic dQ, faster, bits vary run to run).");
 ABSL_FLAG(int32_t, gpus, 1,
           "Data-parallel GPUs in this process, 1 to 1024: rank i on cuda:i, "
           "one thread each, over NCCL; each trains --batch sequences a step.");
@@ -242,6 +245,7 @@ absl::StatusOr<RankResult> TrainRank(const TrainStepOptions& o,
   ops::CausalAttentionOptions attention;
   ASSIGN_OR_RETURN(attention.kernel,
                    ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));
+  attention.deterministic = absl::GetFlag(FLAGS_attention_deterministic);
   ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
                    Gpt::Create(context, config, shape, DType::kBF16,
                                head == "fused" ? graph::GptHead::kFusedLoss
@@ -404,12 +408,14 @@ void PrintResult(const TrainStepOptions& o, const Result& r) {
     where = ", 1 GPU alone (baseline)";
   }
   std::printf(
-      "%s head%s, %s attention%s: %.2f ms/step, %.1fK tokens/s per GPU, %.1fK "
+      "%s head%s, %s attention%s%s: %.2f ms/step, %.1fK tokens/s per GPU, "
+      "%.1fK "
       "in all, peak %.2f GB, %.1f TFLOP/s per GPU = MFU %.1f%% of %.0f, "
       "%.1f%% of the measured GEMM rate; loss %.3f\n",
       r.head.c_str(), r.rank0.cuda_graph ? " (CUDA graph)" : "",
-      absl::GetFlag(FLAGS_attention).c_str(), where.c_str(), r.step_ms,
-      r.throughput.tokens_per_s_per_gpu / 1e3,
+      absl::GetFlag(FLAGS_attention).c_str(),
+      absl::GetFlag(FLAGS_attention_deterministic) ? "" : " (nondeterministic)",
+      where.c_str(), r.step_ms, r.throughput.tokens_per_s_per_gpu / 1e3,
       r.throughput.tokens_per_s_total / 1e3, r.rank0.peak_gb, tflops,
       100 * r.mfu, o.peak_tflops, 100 * r.gemm_fraction, r.rank0.loss);
   if (r.throughput.scaling.has_value()) {
@@ -489,15 +495,17 @@ absl::Status Run(const TrainStepOptions& o) {
     std::ofstream out(absl::GetFlag(FLAGS_json), std::ios::app);
     for (const Result& r : results) {
       out << absl::StrFormat(
-          "{\"head\": \"%s\", \"attention\": \"%s\", \"batch\": %d, "
+          "{\"head\": \"%s\", \"attention\": \"%s\", "
+          "\"attention_deterministic\": %s, \"batch\": %d, "
           "\"seq\": %d, \"gpus\": %d, "
           "\"communicator\": %s, \"bucket_mib\": %s, \"zero1\": %s, "
           "\"step_ms\": %.4f, \"tokens_per_s\": %.1f, "
           "\"tokens_per_s_per_gpu\": %.1f, \"tokens_per_s_total\": %.1f, "
           "\"baseline_tokens_per_s\": %s, \"scaling\": %s, \"peak_gb\": %.4f, "
           "\"mfu\": %.4f, \"gemm_tflops\": %.1f, \"loss\": %.4f}\n",
-          r.head, absl::GetFlag(FLAGS_attention), o.batch, o.seq, r.gpus,
-          r.communicator ? "true" : "false",
+          r.head, absl::GetFlag(FLAGS_attention),
+          absl::GetFlag(FLAGS_attention_deterministic) ? "true" : "false",
+          o.batch, o.seq, r.gpus, r.communicator ? "true" : "false",
           r.communicator ? BucketMib(o) : "null",
           o.zero1 && r.communicator ? "true" : "false", r.step_ms,
           r.throughput.tokens_per_s_total, r.throughput.tokens_per_s_per_gpu,

@@ -190,6 +190,9 @@ ABSL_FLAG(bool, cuda_graph, true,
 ABSL_FLAG(std::string, attention, "auto",
           "GPU: the attention kernel, auto (the op's default), flash (ours), "
           "cudnn (cuDNN's fused attention) or cublas.");
+ABSL_FLAG(bool, attention_deterministic, true,
+          "GPU: cuDNN's deterministic attention backward (false: its atomic "
+          "dQ, faster; a run's bits then vary from run to run).");
 ABSL_FLAG(std::string, dtype, "auto",
           "Activations: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of the initialization and batches.");
@@ -853,6 +856,7 @@ absl::Status Run() {
     ops::CausalAttentionOptions attention;
     ASSIGN_OR_RETURN(attention.kernel,
                      ops::ParseAttentionKernel(absl::GetFlag(FLAGS_attention)));
+    attention.deterministic = absl::GetFlag(FLAGS_attention_deterministic);
     ASSIGN_OR_RETURN(
         std::unique_ptr<Gpt> model,
         Gpt::Create(*context, config, {rows, seq}, dtype,

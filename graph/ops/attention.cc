@@ -302,8 +302,10 @@ AttentionKernel ResolveKernel(const CausalAttentionOptions& options,
   return kAutoFusedKernel;
 }
 
-attention_cudnn::Shape CudnnShapeOf(const Dims& d) {
+attention_cudnn::Shape CudnnShapeOf(const Dims& d,
+                                    const CausalAttentionOptions& options) {
   attention_cudnn::Shape shape;
+  shape.deterministic = options.deterministic;
   shape.batch = d.batch;
   shape.seq = d.seq;
   shape.heads = d.heads;
@@ -322,13 +324,14 @@ int64_t CudnnAccumulateBytes(const Dims& d) {
 // cuDNN handle to ask (the GPU tests check it against the exact figure). On
 // sm_90 the deterministic backward keeps dP in bf16 for the whole square,
 // queries padded to 64 and keys to 128, plus a float per query row (cuDNN 9.19
-// asks exactly that); the forward needs less. The estimate adds an f32 dQ
-// accumulator, more row statistics and 1 MiB for other versions' layouts.
-int64_t CudnnWorkspaceEstimate(const Dims& d) {
+// asks exactly that); the forward needs less, and so does the atomic backward
+// (no dP). The estimate adds an f32 dQ accumulator, more row statistics and
+// 1 MiB for other versions' layouts.
+int64_t CudnnWorkspaceEstimate(const Dims& d, bool deterministic) {
   const int64_t groups = d.groups();
   const int64_t seq64 = RoundUp(d.seq, int64_t{64});
   const int64_t seq128 = RoundUp(d.seq, int64_t{128});
-  const int64_t dp = groups * seq64 * seq128 * 2;
+  const int64_t dp = deterministic ? groups * seq64 * seq128 * 2 : 0;
   const int64_t dq_accumulator = groups * seq128 * d.head_dim * 4;
   const int64_t row_stats = 4 * groups * seq128 * 4;
   return RoundUp(dp + dq_accumulator + row_stats, kAlign) + (int64_t{1} << 20);
@@ -703,7 +706,7 @@ absl::Status CausalAttentionForward(Context& context, const Tensor& qkv,
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
   if (kernel == AttentionKernel::kCudnn) {
-    const attention_cudnn::Shape shape = CudnnShapeOf(d);
+    const attention_cudnn::Shape shape = CudnnShapeOf(d, options);
     ASSIGN_OR_RETURN(const int64_t bytes,
                      attention_cudnn::ForwardWorkspaceBytes(context, shape));
     ASSIGN_OR_RETURN(void* workspace, context.Workspace(bytes));
@@ -781,7 +784,7 @@ absl::Status CausalAttentionBackward(Context& context, const Tensor& qkv,
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
   if (kernel == AttentionKernel::kCudnn) {
-    const attention_cudnn::Shape shape = CudnnShapeOf(d);
+    const attention_cudnn::Shape shape = CudnnShapeOf(d, options);
     ASSIGN_OR_RETURN(const int64_t cudnn_bytes,
                      attention_cudnn::BackwardWorkspaceBytes(context, shape));
     const int64_t cudnn_share = RoundUp(cudnn_bytes, kAlign);
@@ -895,7 +898,9 @@ int64_t CausalAttentionWorkspaceBytes(const Device& device, DType dtype,
       options, dtype, seq, /*aligned=*/true, /*lse_aligned=*/true);
   return GpuWorkspaceBytes(
       *d, dtype, kernel, options,
-      kernel == AttentionKernel::kCudnn ? CudnnWorkspaceEstimate(*d) : 0);
+      kernel == AttentionKernel::kCudnn
+          ? CudnnWorkspaceEstimate(*d, options.deterministic)
+          : 0);
 }
 
 absl::StatusOr<int64_t> CausalAttentionWorkspaceBytes(
@@ -918,7 +923,7 @@ absl::StatusOr<int64_t> CausalAttentionWorkspaceBytes(
   ASSIGN_OR_RETURN(ScopedDevice scoped,
                    ScopedDevice::Enter(context.device().ordinal));
 #endif
-  const attention_cudnn::Shape shape = CudnnShapeOf(*d);
+  const attention_cudnn::Shape shape = CudnnShapeOf(*d, options);
   ASSIGN_OR_RETURN(const int64_t forward,
                    attention_cudnn::ForwardWorkspaceBytes(context, shape));
   ASSIGN_OR_RETURN(const int64_t backward,

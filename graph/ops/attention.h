@@ -72,6 +72,13 @@ struct CausalAttentionOptions {
   AttentionKernel kernel = AttentionKernel::kAuto;
   // Workspace budget of the cuBLAS path's score chunks (bytes; >= 1).
   int64_t cublas_chunk_bytes = int64_t{1} << 30;
+  // kCudnn's backward: true asks cuDNN for its deterministic algorithm (dQ's
+  // partial sums added in a fixed order, through a dP buffer of the causal
+  // square: the same bits on every run); false lets cuDNN add them with
+  // atomics (faster, a smaller workspace, bits that vary run to run, as
+  // PyTorch's default). The cuBLAS and flash kernels are deterministic
+  // either way.
+  bool deterministic = true;
 };
 
 // qkv [rows, 3C] with rows = batch * seq and C = heads * head_dim, laid out per

@@ -1,5 +1,6 @@
 // The cuDNN backend of the causal attention op (attention_cudnn.h): cuDNN
-// frontend SDPA graphs (forward with softmax stats, deterministic backward)
+// frontend SDPA graphs (forward with softmax stats; a backward with cuDNN's
+// deterministic algorithm or its atomic dQ)
 // over strided views of the op's tensors, a per-context cache of the built
 // graphs, and the conversion of cuDNN and frontend errors into absl::Status.
 // The only file that includes the cuDNN frontend.
@@ -186,11 +187,12 @@ enum Uid : int64_t {
 
 using Dims = std::array<int64_t, 4>;  // [batch, heads, seq, head_dim] order
 
-// What a built graph depends on: the direction, the sizes, the dtype and the
-// strides of the views (those of q, k, v, d_qkv's parts; of out and d_out;
-// of lse).
+// What a built graph depends on: the direction (and the backward's
+// algorithm), the sizes, the dtype and the strides of the views (those of q,
+// k, v, d_qkv's parts; of out and d_out; of lse).
 struct GraphKey {
   bool backward = false;
+  bool deterministic = true;  // the backward's; always true for a forward
   Dims dims{};
   fe::DataType_t dtype = fe::DataType_t::BFLOAT16;
   Dims qkv_stride{};
@@ -198,8 +200,8 @@ struct GraphKey {
   Dims stats_stride{};
 
   auto Tie() const {
-    return std::tie(backward, dims, dtype, qkv_stride, out_stride,
-                    stats_stride);
+    return std::tie(backward, deterministic, dims, dtype, qkv_stride,
+                    out_stride, stats_stride);
   }
   bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
 };
@@ -211,6 +213,8 @@ GraphKey KeyOf(const Shape& s, bool backward) {
   const int64_t c = s.heads * s.head_dim;
   GraphKey key;
   key.backward = backward;
+  // One forward graph serves both backward algorithms.
+  key.deterministic = !backward || s.deterministic;
   key.dims = {s.batch, s.heads, s.seq, s.head_dim};
   key.qkv_stride = {s.seq * 3 * c, s.head_dim, 3 * c, 1};
   key.out_stride = {s.seq * c, s.head_dim, c, 1};
@@ -277,13 +281,14 @@ std::shared_ptr<fe::graph::Graph> DescribeGraph(const GraphKey& key) {
                                  .set_stride(Vector(key.stats_stride))
                                  .set_data_type(fe::DataType_t::FLOAT));
   // Deterministic: dQ's partial sums are added in a fixed order, so a run's
-  // bits do not depend on the scheduling.
+  // bits do not depend on the scheduling. Otherwise cuDNN adds them with
+  // atomics into an fp32 accumulator (no dP buffer).
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("causal_attention_backward")
                      .set_attn_scale(scale)
                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                      .set_diagonal_band_right_bound(0)
-                     .set_deterministic_algorithm(true);
+                     .set_deterministic_algorithm(key.deterministic);
   auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
   d_q->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(
       Vector(key.qkv_stride));

@@ -44,6 +44,9 @@ struct Shape {
   int64_t seq = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;
+  // The backward's algorithm: cuDNN's deterministic one, or its atomic dQ
+  // (CausalAttentionOptions::deterministic).
+  bool deterministic = true;
 };
 
 // Bytes of device workspace (256-byte aligned) that Forward / Backward take for
@@ -58,8 +61,8 @@ absl::Status Forward(Context& context, const Shape& shape, const void* qkv,
                      void* out, float* lse, void* workspace);
 
 // d_qkv (written, never added to) from qkv, out, lse and d_out on the
-// context's stream, with cuDNN's deterministic algorithm: the same inputs give
-// the same bits on every run.
+// context's stream. With shape.deterministic (cuDNN's deterministic
+// algorithm) the same inputs give the same bits on every run.
 absl::Status Backward(Context& context, const Shape& shape, const void* qkv,
                       const void* out, const float* lse, const void* d_out,
                       void* d_qkv, void* workspace);

@@ -668,6 +668,14 @@ TEST(AttentionKernelTest, CudnnWorkspaceEstimate) {
   EXPECT_EQ(CausalAttentionWorkspaceBytes(Device::Cuda(0), DType::kBF16, 0, 1,
                                           1, 8, cudnn),
             0);
+  // The atomic backward keeps no dP: less, but still the accumulate buffer
+  // and an f32 dQ.
+  CausalAttentionOptions atomic = cudnn;
+  atomic.deterministic = false;
+  const int64_t large_atomic = CausalAttentionWorkspaceBytes(
+      Device::Cuda(0), DType::kBF16, 16, 1024, 12, 64, atomic);
+  EXPECT_LT(large_atomic, large);
+  EXPECT_GE(large_atomic, 16 * 1024 * 3 * 768 * 2 + 16 * 1024 * 768 * 4);
   // kAuto picks cuDNN where it is built in, else the flash kernels.
   CausalAttentionOptions flash;
   flash.kernel = AttentionKernel::kFlash;
@@ -705,6 +713,7 @@ struct GpuConfig {
   DType dtype;
   AttentionKernel kernel;
   int64_t chunk_pairs;  // > 0: a cuBLAS budget of this many (batch, head) pairs
+  bool deterministic = true;  // CausalAttentionOptions::deterministic
 };
 
 constexpr GpuConfig kGpuConfigs[] = {
@@ -715,6 +724,7 @@ constexpr GpuConfig kGpuConfigs[] = {
      1},
     {"flash bf16", DType::kBF16, AttentionKernel::kFlash, 0},
     {"cudnn bf16", DType::kBF16, AttentionKernel::kCudnn, 0},
+    {"cudnn bf16, atomic dQ", DType::kBF16, AttentionKernel::kCudnn, 0, false},
     {"default bf16", DType::kBF16, AttentionKernel::kAuto, 0},
     {"default f32", DType::kF32, AttentionKernel::kAuto, 0},
 };
@@ -760,6 +770,7 @@ CausalAttentionOptions OptionsOf(const GpuConfig& config,
                                  const AttentionShape& s) {
   CausalAttentionOptions options;
   options.kernel = config.kernel;
+  options.deterministic = config.deterministic;
   if (config.chunk_pairs > 0) {
     // The op's per-pair need: [seq, seq rounded up to 8] floats twice and
     // activations twice (the backward's buffers).
@@ -1097,7 +1108,9 @@ TEST_P(AttentionGpuCudnnShapeTest, MatchesCpuInDouble) {
   SKIP_WITHOUT_GPU();
   SKIP_WITHOUT_CUDNN();
   ExpectMatchesCpu(GetParam(), TestSeed(),
-                   {{"cudnn bf16", DType::kBF16, AttentionKernel::kCudnn, 0}});
+                   {{"cudnn bf16", DType::kBF16, AttentionKernel::kCudnn, 0},
+                    {"cudnn bf16, atomic dQ", DType::kBF16,
+                     AttentionKernel::kCudnn, 0, false}});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1179,29 +1192,35 @@ TEST(AttentionGpuCudnnTest, WorkspaceFigures) {
   SKIP_WITHOUT_CUDNN();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> gpu,
                        Context::Create(Device::Cuda(0)));
-  const CausalAttentionOptions cudnn = KernelOptions(AttentionKernel::kCudnn);
-  for (const AttentionShape& s :
-       {AttentionShape{1, 2, 1, 64}, AttentionShape{2, 100, 3, 64},
-        AttentionShape{3, 257, 2, 128}, AttentionShape{16, 1024, 12, 64},
-        AttentionShape{4, 4096, 12, 128}, AttentionShape{2, 8192, 12, 64}}) {
-    SCOPED_TRACE(Describe(s));
-    ASSERT_OK_AND_ASSIGN(
-        const int64_t exact,
-        CausalAttentionWorkspaceBytes(*gpu, DType::kBF16, s.batch, s.seq,
-                                      s.heads, s.head_dim, cudnn));
-    const int64_t estimate =
-        CausalAttentionWorkspaceBytes(gpu->device(), DType::kBF16, s.batch,
-                                      s.seq, s.heads, s.head_dim, cudnn);
-    const int64_t accumulate_buffer = s.qkv_size() * 2;
-    std::printf(
-        "%s: workspace %lld bytes (cuDNN's share about %lld), "
-        "estimate %lld\n",
-        Describe(s).c_str(), static_cast<long long>(exact),
-        static_cast<long long>(exact - accumulate_buffer),
-        static_cast<long long>(estimate));
-    EXPECT_GE(exact, accumulate_buffer);
-    EXPECT_LE(exact, estimate);
+  CausalAttentionOptions cudnn = KernelOptions(AttentionKernel::kCudnn);
+  for (bool deterministic : {true, false}) {
+    cudnn.deterministic = deterministic;
+    for (const AttentionShape& s :
+         {AttentionShape{1, 2, 1, 64}, AttentionShape{2, 100, 3, 64},
+          AttentionShape{3, 257, 2, 128}, AttentionShape{16, 1024, 12, 64},
+          AttentionShape{4, 4096, 12, 128}, AttentionShape{2, 8192, 12, 64}}) {
+      SCOPED_TRACE(
+          absl::StrCat(Describe(s), ", deterministic ", deterministic));
+      ASSERT_OK_AND_ASSIGN(
+          const int64_t exact,
+          CausalAttentionWorkspaceBytes(*gpu, DType::kBF16, s.batch, s.seq,
+                                        s.heads, s.head_dim, cudnn));
+      const int64_t estimate =
+          CausalAttentionWorkspaceBytes(gpu->device(), DType::kBF16, s.batch,
+                                        s.seq, s.heads, s.head_dim, cudnn);
+      const int64_t accumulate_buffer = s.qkv_size() * 2;
+      std::printf(
+          "%s, deterministic %d: workspace %lld bytes (cuDNN's share about "
+          "%lld), estimate %lld\n",
+          Describe(s).c_str(), deterministic ? 1 : 0,
+          static_cast<long long>(exact),
+          static_cast<long long>(exact - accumulate_buffer),
+          static_cast<long long>(estimate));
+      EXPECT_GE(exact, accumulate_buffer);
+      EXPECT_LE(exact, estimate);
+    }
   }
+  cudnn.deterministic = true;
   const AttentionShape s{3, 257, 2, 128};
   const uint64_t seed = TestSeed();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> fresh,
