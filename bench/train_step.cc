@@ -409,8 +409,7 @@ void PrintResult(const TrainStepOptions& o, const Result& r) {
   }
   std::printf(
       "%s head%s, %s attention%s%s: %.2f ms/step, %.1fK tokens/s per GPU, "
-      "%.1fK "
-      "in all, peak %.2f GB, %.1f TFLOP/s per GPU = MFU %.1f%% of %.0f, "
+      "%.1fK in all, peak %.2f GB, %.1f TFLOP/s per GPU = MFU %.1f%% of %.0f, "
       "%.1f%% of the measured GEMM rate; loss %.3f\n",
       r.head.c_str(), r.rank0.cuda_graph ? " (CUDA graph)" : "",
       absl::GetFlag(FLAGS_attention).c_str(),
