@@ -1220,26 +1220,28 @@ TEST(AttentionGpuCudnnTest, WorkspaceFigures) {
       EXPECT_LE(exact, estimate);
     }
   }
-  cudnn.deterministic = true;
   const AttentionShape s{3, 257, 2, 128};
   const uint64_t seed = TestSeed();
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> fresh,
-                       Context::Create(Device::Cuda(0)));
-  ASSERT_OK_AND_ASSIGN(
-      const int64_t bytes,
-      CausalAttentionWorkspaceBytes(*fresh, DType::kBF16, s.batch, s.seq,
-                                    s.heads, s.head_dim, cudnn));
-  ASSERT_OK(fresh->ReserveWorkspace(bytes));
-  const int64_t reserved = fresh->workspace_bytes();
   const std::vector<double> qkv = RandomValues(s.qkv_size(), seed, -1, 1);
   const std::vector<double> d_out = RandomValues(s.out_size(), seed + 1, -1, 1);
   const std::vector<double> start = RandomValues(s.qkv_size(), seed + 2, -1, 1);
-  for (bool accumulate : {false, true}) {
-    ASSERT_OK_AND_ASSIGN(Results r, RunBoth(*fresh, DType::kBF16, s, qkv, d_out,
-                                            accumulate, start, cudnn));
-    EXPECT_EQ(r.poisoned, 0);
-    EXPECT_EQ(fresh->workspace_bytes(), reserved)
-        << "accumulate " << accumulate;
+  for (bool deterministic : {true, false}) {
+    cudnn.deterministic = deterministic;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> fresh,
+                         Context::Create(Device::Cuda(0)));
+    ASSERT_OK_AND_ASSIGN(
+        const int64_t bytes,
+        CausalAttentionWorkspaceBytes(*fresh, DType::kBF16, s.batch, s.seq,
+                                      s.heads, s.head_dim, cudnn));
+    ASSERT_OK(fresh->ReserveWorkspace(bytes));
+    const int64_t reserved = fresh->workspace_bytes();
+    for (bool accumulate : {false, true}) {
+      ASSERT_OK_AND_ASSIGN(Results r, RunBoth(*fresh, DType::kBF16, s, qkv,
+                                              d_out, accumulate, start, cudnn));
+      EXPECT_EQ(r.poisoned, 0);
+      EXPECT_EQ(fresh->workspace_bytes(), reserved)
+          << "deterministic " << deterministic << ", accumulate " << accumulate;
+    }
   }
 }
 
