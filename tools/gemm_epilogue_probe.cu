@@ -22,6 +22,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tools/probe_check.h"
+
 namespace {
 
 __global__ void Fill(__nv_bfloat16* values, long count, unsigned seed,
@@ -35,15 +37,6 @@ __global__ void Fill(__nv_bfloat16* values, long count, unsigned seed,
   values[i] = __float2bfloat16(scale * ((x & 0xffff) / 32768.0f - 1.0f));
 }
 
-// A failed call prints what failed and returns 1 from main.
-#define PROBE_CHECK(call)                                                      \
-  do {                                                                         \
-    const int probe_result = static_cast<int>(call);                           \
-    if (probe_result != 0) {                                                   \
-      std::printf("%s failed: %d (line %d)\n", #call, probe_result, __LINE__); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (false)
 
 struct Variant {
   const char* name;

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tools/probe_check.h"
+
 namespace {
 
 __global__ void Fill(__nv_bfloat16* values, int count) {
@@ -32,15 +34,6 @@ __global__ void WriteOnes(float* values, int count) {
   if (i < count) values[i] = 1.0f;
 }
 
-// A failed call prints what failed and returns 1 from main.
-#define PROBE_CHECK(call)                                                      \
-  do {                                                                         \
-    const int probe_result = static_cast<int>(call);                           \
-    if (probe_result != 0) {                                                   \
-      std::printf("%s failed: %d (line %d)\n", #call, probe_result, __LINE__); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (false)
 
 }  // namespace
 
