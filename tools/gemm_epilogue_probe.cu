@@ -37,7 +37,6 @@ __global__ void Fill(__nv_bfloat16* values, long count, unsigned seed,
   values[i] = __float2bfloat16(scale * ((x & 0xffff) / 32768.0f - 1.0f));
 }
 
-
 struct Variant {
   const char* name;
   cublasLtEpilogue_t epilogue;
@@ -83,7 +82,8 @@ int main(int argc, char** argv) {
   };
   for (const Variant& v : variants) {
     cublasLtMatmulDesc_t desc;
-    PROBE_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    PROBE_CHECK(
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op = CUBLAS_OP_N;
     PROBE_CHECK(cublasLtMatmulDescSetAttribute(
         desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof(op)));
@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
     for (int c = 0; c < found; ++c) {
       auto run = [&]() {
         return cublasLtMatmul(handle, desc, &alpha, w2, layout_a, dy, layout_b,
-                              &beta, d, layout_d, d, layout_d,
-                              &results[c].algo, workspace, workspace_bytes, 0);
+                              &beta, d, layout_d, d, layout_d, &results[c].algo,
+                              workspace, workspace_bytes, 0);
       };
       bool ok = true;
       for (int i = 0; i < 3 && ok; ++i) ok = run() == CUBLAS_STATUS_SUCCESS;
@@ -158,9 +158,9 @@ int main(int argc, char** argv) {
       cublasLtMatmulAlgoConfigGetAttribute(&results[c].algo,
                                            CUBLASLT_ALGO_CONFIG_STAGES_ID,
                                            &stages, sizeof(stages), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(
-          &results[c].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-          sizeof(splitk), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&results[c].algo,
+                                           CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                           &splitk, sizeof(splitk), &written);
       std::printf(
           "  candidate %d: %8.1f us, %6.1f TFLOP/s (tile %d, stages %d, "
           "split-k %d, workspace %zu)\n",
@@ -176,13 +176,13 @@ int main(int argc, char** argv) {
         PROBE_CHECK(cudaMemset(bias, 0xff, hidden * 4));
         PROBE_CHECK(cublasLtMatmul(handle, desc, &alpha, w2, layout_a, dy,
                                    layout_b, &beta, d, layout_d, d, layout_d,
-                                   &results[0].algo, workspace,
-                                   workspace_bytes, 0));
+                                   &results[0].algo, workspace, workspace_bytes,
+                                   0));
         PROBE_CHECK(cudaMemcpy(pass == 0 ? first.data() : again.data(), d,
                                m * n * 2, cudaMemcpyDeviceToHost));
-        PROBE_CHECK(cudaMemcpy(pass == 0 ? bias_first.data()
-                                         : bias_again.data(),
-                               bias, hidden * 4, cudaMemcpyDeviceToHost));
+        PROBE_CHECK(
+            cudaMemcpy(pass == 0 ? bias_first.data() : bias_again.data(), bias,
+                       hidden * 4, cudaMemcpyDeviceToHost));
       }
       const bool same_d = first == again;
       const bool same_bias =

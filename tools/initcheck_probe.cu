@@ -34,7 +34,6 @@ __global__ void WriteOnes(float* values, int count) {
   if (i < count) values[i] = 1.0f;
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
