@@ -87,7 +87,8 @@ ABSL_FLAG(
     "cudnn (cuDNN's fused attention) or cublas.");
 ABSL_FLAG(bool, attention_deterministic, true,
           "CausalAttentionOptions::deterministic: cuDNN's deterministic "
-          "backward (false: its atomic dQ, faster, bits vary run to run).");
+          "backward (false: its atomic dQ, PyTorch's default; bits vary run "
+          "to run).");
 ABSL_FLAG(int32_t, gpus, 1,
           "Data-parallel GPUs in this process, 1 to 1024: rank i on cuda:i, "
           "one thread each, over NCCL; each trains --batch sequences a step.");

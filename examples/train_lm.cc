@@ -192,7 +192,7 @@ ABSL_FLAG(std::string, attention, "auto",
           "cudnn (cuDNN's fused attention) or cublas.");
 ABSL_FLAG(bool, attention_deterministic, true,
           "GPU: cuDNN's deterministic attention backward (false: its atomic "
-          "dQ, faster; a run's bits then vary from run to run).");
+          "dQ, PyTorch's default; a run's bits then vary from run to run).");
 ABSL_FLAG(std::string, dtype, "auto",
           "Activations: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of the initialization and batches.");

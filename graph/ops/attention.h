@@ -75,9 +75,9 @@ struct CausalAttentionOptions {
   // kCudnn's backward: true asks cuDNN for its deterministic algorithm (dQ's
   // partial sums added in a fixed order, through a dP buffer of the causal
   // square: the same bits on every run); false lets cuDNN add them with
-  // atomics (faster, a smaller workspace, bits that vary run to run, as
-  // PyTorch's default). The cuBLAS and flash kernels are deterministic
-  // either way.
+  // atomics (no dP buffer and no separate dQ pass, so a smaller workspace;
+  // bits that vary run to run; PyTorch's default). The cuBLAS and flash
+  // kernels are deterministic either way.
   bool deterministic = true;
 };
 
