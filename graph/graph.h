@@ -23,7 +23,9 @@
 // gradient and, when the activations are 16-bit, a compute copy in the
 // activation dtype that ops read; all three are flat, with the weight-decayed
 // parameters first (ParameterBuffers::decay_count). Parameter gradients always
-// accumulate: ZeroGradients() clears them, micro-batches add up.
+// accumulate: ZeroGradients() clears them, micro-batches add up. The fused
+// head (LinearCrossEntropy) adds its weight's gradient during the training
+// Forward(), so clear them before that, not between Forward and Backward.
 //
 // Errors: a builder call with inconsistent operands records the first error
 // and returns an invalid Value; Compile() reports it (InvalidArgument).

@@ -360,13 +360,23 @@ Value Graph::LinearCrossEntropy(Value hidden, Value weight,
                "LinearCrossEntropy: the graph's loss must be a scalar")) {
     return Value{};
   }
-  auto node = MakeLinearCrossEntropyNode(options, bias.has_value());
+  // Trainable parameters with f32 gradients take d_weight (and d_bias)
+  // directly in the training forward.
+  auto trainable = [&](Value value) {
+    const ValueInfo& info = values_[value.id];
+    return info.kind == ValueKind::kParameter && info.requires_grad;
+  };
+  const bool direct = accumulator_dtype() == DType::kF32 && trainable(weight) &&
+                      (!bias || trainable(*bias));
+  auto node = MakeLinearCrossEntropyNode(options, bias.has_value(), direct);
   node->inputs = {hidden, weight};
   if (bias) node->inputs.push_back(*bias);
   node->inputs.push_back(targets);
-  node->aux = {AuxSpec{hs, activation_dtype_},
-               AuxSpec{ws, accumulator_dtype()}};
-  if (bias) node->aux.push_back(AuxSpec{{ws[0]}, accumulator_dtype()});
+  node->aux = {AuxSpec{hs, activation_dtype_}};
+  if (!direct) {
+    node->aux.push_back(AuxSpec{ws, accumulator_dtype()});
+    if (bias) node->aux.push_back(AuxSpec{{ws[0]}, accumulator_dtype()});
+  }
   return AddAccuracyOutput(AddNode(std::move(node), "loss", {}, DType::kF32));
 }
 

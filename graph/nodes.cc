@@ -318,11 +318,14 @@ class AttentionNode final : public Node {
 class LinearCrossEntropyNode final : public Node {
  public:
   LinearCrossEntropyNode(const LinearCrossEntropyOptions& options,
-                         bool with_bias)
-      : options_(options), with_bias_(with_bias) {}
+                         bool with_bias, bool weight_grads_direct)
+      : options_(options),
+        with_bias_(with_bias),
+        weight_grads_direct_(weight_grads_direct) {}
   const char* type() const override { return "LinearCrossEntropy"; }
   // inputs: hidden, weight[, bias], targets; outputs: loss, accuracy
-  // (evaluation only); aux: d_hidden, d_weight[, d_bias]
+  // (evaluation only); aux: d_hidden[, d_weight[, d_bias]] (d_weight and
+  // d_bias unless weight_grads_direct)
   absl::Status Forward(NodeRun& run, bool training) override {
     const int targets = with_bias_ ? 3 : 2;
     LinearCrossEntropyInputs in{run.input(0), run.input(1), std::nullopt,
@@ -336,15 +339,26 @@ class LinearCrossEntropyNode final : public Node {
                                        run.output(0), nullptr, &extras);
     }
     // The training forward computes the gradients while the logits chunks
-    // are on chip; Backward() only hands them on.
-    LinearCrossEntropyGradients gradients{run.aux(0), run.aux(1), std::nullopt};
-    if (with_bias_) gradients.d_bias = run.aux(2);
+    // are on chip; Backward() only hands them on. The parameters' gradients,
+    // which always accumulate, take d_weight and d_bias directly: no [V, C]
+    // temporary, no addition after (the graph's gradients are cleared before
+    // the forward, ZeroGradients()).
+    LinearCrossEntropyGradients gradients;
+    gradients.d_hidden = run.aux(0);
+    if (weight_grads_direct_) {
+      gradients.d_weight = *run.input_grad(1);
+      if (with_bias_) gradients.d_bias = *run.input_grad(2);
+      gradients.accumulate = true;
+    } else {
+      gradients.d_weight = run.aux(1);
+      if (with_bias_) gradients.d_bias = run.aux(2);
+    }
     const Tensor scale = run.loss_scale();
     return LinearCrossEntropyForwardBackward(
         run.context(), in, options_, run.output(0), nullptr, gradients, &scale);
   }
   absl::Status Backward(NodeRun& run) override {
-    const int parts = with_bias_ ? 3 : 2;
+    const int parts = weight_grads_direct_ ? 1 : with_bias_ ? 3 : 2;
     for (int i = 0; i < parts; ++i) {
       const Tensor* grad = run.input_grad(i);
       if (grad == nullptr) continue;
@@ -357,6 +371,7 @@ class LinearCrossEntropyNode final : public Node {
  private:
   LinearCrossEntropyOptions options_;
   bool with_bias_;
+  bool weight_grads_direct_;
 };
 
 class CrossEntropyNode final : public Node {
@@ -436,8 +451,10 @@ std::unique_ptr<Node> MakeAttentionNode(
                                          options);
 }
 std::unique_ptr<Node> MakeLinearCrossEntropyNode(
-    const LinearCrossEntropyOptions& options, bool with_bias) {
-  return std::make_unique<LinearCrossEntropyNode>(options, with_bias);
+    const LinearCrossEntropyOptions& options, bool with_bias,
+    bool weight_grads_direct) {
+  return std::make_unique<LinearCrossEntropyNode>(options, with_bias,
+                                                  weight_grads_direct);
 }
 std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
                                            int64_t rows, int64_t vocab) {

@@ -38,9 +38,14 @@ std::unique_ptr<Node> MakeAttentionNode(
 // The two heads: outputs loss [] and accuracy [] f32 (Graph::HeadAccuracy; the
 // accuracy written by the evaluation forward only).
 // aux: d_hidden [rows, C], d_weight [V, C] (and d_bias [V]) computed by the
-// training forward.
+// training forward, which Backward() adds to the inputs' gradients. With
+// `weight_grads_direct` (the weight, and the bias if any, are parameters with
+// f32 gradients) the training forward adds d_weight and d_bias straight into
+// the parameters' gradients instead (LinearCrossEntropyGradients::accumulate),
+// and the aux holds d_hidden only.
 std::unique_ptr<Node> MakeLinearCrossEntropyNode(
-    const LinearCrossEntropyOptions& options, bool with_bias);
+    const LinearCrossEntropyOptions& options, bool with_bias,
+    bool weight_grads_direct);
 // aux: lse [rows].
 std::unique_ptr<Node> MakeCrossEntropyNode(const CrossEntropyOptions& options,
                                            int64_t rows, int64_t vocab);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -163,10 +164,13 @@ double TokenChunkSeconds(const PlanInput& in, const Rates& r, const Costs& k,
   seconds += GemmSeconds(
       r, c, flops, k.e * vh + k.ge * rows * k.vocab + k.dh * rows * k.hidden);
   if (d_weight) {
+    // The first chunk writes the running sum; the others (and every chunk
+    // with accumulate) read and write it.
+    const bool overwrite = first && !in.accumulate_gradients;
     seconds += GemmSeconds(r, c, flops,
                            k.e * rows * k.hidden + k.ge * rows * k.vocab +
-                               (first ? RunningSumBytes(in) * vh : 0),
-                           first ? 0 : 2 * RunningSumBytes(in) * vh);
+                               (overwrite ? RunningSumBytes(in) * vh : 0),
+                           overwrite ? 0 : 2 * RunningSumBytes(in) * vh);
   }
   return seconds;
 }
@@ -857,7 +861,8 @@ std::vector<Block> MakeCompactBlocks(const PlanInput& input, const Plan& plan) {
   return blocks;
 }
 
-std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
+std::vector<Block> MakeScheduleBlocks(const PlanInput& input,
+                                      const Plan& plan) {
   if (plan.schedule == LinearCrossEntropySchedule::kVocabSlices)
     return MakeVocabSliceBlocks(input, plan);
   if (plan.schedule == LinearCrossEntropySchedule::kCompactChunks)
@@ -898,6 +903,18 @@ std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
   return blocks;
 }
 
+std::vector<Block> MakeBlocks(const PlanInput& input, const Plan& plan) {
+  std::vector<Block> blocks = MakeScheduleBlocks(input, plan);
+  if (input.accumulate_gradients) {
+    // G3 (and the d_bias GEMV) add to the caller's values from the first
+    // block on (f32 outputs: no accumulator; CheckGradients).
+    for (Block& block : blocks) {
+      if (block.d_weight) block.accumulate = true;
+    }
+  }
+  return blocks;
+}
+
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
   const LinearCrossEntropyOptions& options = *problem.options;
   PlanInput in;
@@ -912,6 +929,7 @@ PlanInput PlanInputOf(const Problem& problem, DeviceKind device) {
     in.d_weight_type = problem.gradients->d_weight.dtype;
     in.d_bias_f32 = !problem.gradients->d_bias.has_value() ||
                     problem.gradients->d_bias->dtype == DType::kF32;
+    in.accumulate_gradients = problem.gradients->accumulate;
   }
   in.has_bias = problem.has_bias();
   in.bias_f32 = !in.has_bias || problem.inputs->bias->dtype == DType::kF32;
@@ -1179,6 +1197,17 @@ absl::Status CheckGradients(const Context& context, const Problem& problem) {
     RETURN_IF_ERROR(
         CheckDType(*g.d_bias, {DType::kF32, in.bias->dtype}, "d_bias"));
     RETURN_IF_ERROR(ce::CheckOnContext(*g.d_bias, context, "d_bias"));
+  }
+  if (g.accumulate &&
+      (g.d_weight.dtype != DType::kF32 ||
+       (g.d_bias.has_value() && g.d_bias->dtype != DType::kF32))) {
+    return InvalidArgument(
+        "accumulate adds into f32 d_weight and d_bias only (a 16-bit one "
+        "would take an fp32 accumulator of its own); got d_weight ",
+        DTypeName(g.d_weight.dtype),
+        g.d_bias.has_value()
+            ? absl::StrCat(", d_bias ", DTypeName(g.d_bias->dtype))
+            : std::string());
   }
   return absl::OkStatus();
 }

@@ -213,6 +213,13 @@ struct LinearCrossEntropyGradients {
   Tensor d_hidden;               // [N, H]
   Tensor d_weight;               // [V, H]
   std::optional<Tensor> d_bias;  // [V]
+  // d_weight and d_bias get the gradient added to what they hold, as PyTorch
+  // accumulates .grad, instead of written over it (d_hidden is always
+  // written): a trainer passes its parameters' gradient buffers and spares a
+  // [V, H] temporary and its addition. f32 d_weight and d_bias only
+  // (InvalidArgument otherwise); every schedule adds in the same fp32 GEMMs
+  // (beta = 1) that otherwise sum the chunks.
+  bool accumulate = false;
 };
 
 // Loss only (evaluation), and the per-token lse when `lse` is given (the split

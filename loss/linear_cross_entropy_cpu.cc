@@ -564,6 +564,9 @@ absl::Status CpuBackend::End() {
         static_cast<float>(ce::SumRowsCpu(row_hit_, n));
   }
   if (n == 0 && g != nullptr) {
+    // No tokens: a zero gradient, which accumulate adds by leaving the
+    // outputs as they are.
+    if (g->accumulate) return absl::OkStatus();
     const int64_t element = DTypeSize(g->d_weight.dtype);
     for (int64_t r = 0; r < v; ++r) {
       std::memset(static_cast<char*>(g->d_weight.data) +

@@ -541,7 +541,9 @@ absl::Status CudaBackend::ZeroOutputs() {
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(problem_.extras->accuracy->data, 0,
                                          sizeof(float), main_));
   }
-  if (problem_.gradients != nullptr) {
+  // No tokens: a zero gradient, which accumulate adds by leaving d_weight
+  // and d_bias as they are.
+  if (problem_.gradients != nullptr && !problem_.gradients->accumulate) {
     const Tensor& d_weight = problem_.gradients->d_weight;
     const int64_t element = DTypeSize(d_weight.dtype);
     CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(

@@ -102,6 +102,9 @@ struct PlanInput {
   // LinearCrossEntropyOptions::operand_dtype_logits: token chunks hold 16-bit
   // logits (the other schedules keep fp32 ones).
   bool operand_dtype_logits = false;
+  // LinearCrossEntropyGradients::accumulate: every d_weight block adds to
+  // the caller's values (the first token chunk reads them too).
+  bool accumulate_gradients = false;
 };
 
 PlanInput PlanInputOf(const Problem& problem, DeviceKind device);

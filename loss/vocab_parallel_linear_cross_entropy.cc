@@ -142,6 +142,11 @@ absl::Status CheckOutputs(const Context& context, const Problem& p) {
   if (p.gradients != nullptr) {
     const LinearCrossEntropyInputs& in = *p.inputs;
     const LinearCrossEntropyGradients& g = *p.gradients;
+    if (g.accumulate) {
+      return InvalidArgument(
+          "vocabulary-parallel linear cross-entropy: accumulate is not "
+          "offered (its gradients are written over)");
+    }
     RETURN_IF_ERROR(CheckShape(g.d_hidden, {p.tokens, p.hidden}, "d_hidden"));
     RETURN_IF_ERROR(
         CheckDType(g.d_hidden, {DType::kF32, in.hidden.dtype}, "d_hidden"));

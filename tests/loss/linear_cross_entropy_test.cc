@@ -1020,6 +1020,67 @@ TEST_P(LinearCrossEntropyCaseTest, MatchesReference) {
   ExpectLossAndLse(h, s, expected, false, "fused with grad_loss");
   ExpectGradients(h, dtype, expected_scaled, "fused with grad_loss");
 
+  // accumulate (f32 d_weight and d_bias): the same gradients added to start
+  // values of the gradients' own scale (so that a missing or doubled term
+  // shows), d_hidden written over its poison.
+  const bool f32_weight_grads =
+      h.d_weight.dtype == DType::kF32 &&
+      (!h.gradients.d_bias.has_value() || h.d_bias.dtype == DType::kF32);
+  if (f32_weight_grads) {
+    ASSERT_OK(h.PoisonOutputs());
+    auto start_values = [&](Array& array, const std::vector<double>& grad) {
+      double rms = 0;
+      for (double g : grad) rms += g * g;
+      rms = grad.empty() ? 1 : std::sqrt(rms / grad.size()) + 1e-30;
+      std::vector<double> start(array.numel());
+      for (int64_t i = 0; i < array.numel(); ++i) {
+        start[i] = RoundTo(DType::kF32, rms * (2 * uniform(rng) - 1.75));
+        array.Set(i, start[i]);
+      }
+      return start;
+    };
+    const std::vector<double> weight_start =
+        start_values(h.d_weight, expected_scaled.d_weight);
+    ASSERT_OK(Upload(context, h.d_weight));
+    std::vector<double> bias_start;
+    if (h.gradients.d_bias.has_value()) {
+      bias_start = start_values(h.d_bias, expected_scaled.d_bias);
+      ASSERT_OK(Upload(context, h.d_bias));
+    }
+    LinearCrossEntropyGradients accumulating = h.gradients;
+    accumulating.accumulate = true;
+    ASSERT_OK(LinearCrossEntropyForwardBackward(
+        context, h.inputs, h.options, h.loss.view, nullptr, accumulating,
+        &h.grad_loss.view));
+    ASSERT_OK(h.DownloadOutputs());
+    ExpectLossAndLse(h, s, expected, false, "accumulating");
+    const double tolerance = GradientTolerance(dtype);
+    EXPECT_LT(NormRelativeError(h.d_hidden, expected_scaled.d_hidden),
+              tolerance)
+        << "accumulating: d_hidden";
+    ExpectWrittenExactly(h.d_hidden, "accumulating d_hidden");
+    auto expect_added = [&](const Array& got, const std::vector<double>& start,
+                            const std::vector<double>& grad,
+                            const std::string& what) {
+      ExpectWrittenExactly(got, "accumulating " + what);
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        const double want = start[i] + grad[i];
+        diff += (got.Get(i) - want) * (got.Get(i) - want);
+        norm += grad[i] * grad[i];
+      }
+      // Relative to the gradient's own norm; the start values' fp32 sums add
+      // a few ulps of the same scale.
+      EXPECT_LE(std::sqrt(diff), (tolerance + 1e-6) * std::sqrt(norm) + 1e-30)
+          << "accumulating: " << what;
+    };
+    expect_added(h.d_weight, weight_start, expected_scaled.d_weight,
+                 "d_weight");
+    if (h.gradients.d_bias.has_value()) {
+      expect_added(h.d_bias, bias_start, expected_scaled.d_bias, "d_bias");
+    }
+  }
+
   // Split: forward (loss and lse), then backward from that lse.
   ASSERT_OK(h.PoisonOutputs());
   ASSERT_OK(LinearCrossEntropyForward(context, h.inputs, h.options, h.loss.view,
@@ -1533,6 +1594,23 @@ TEST_P(LinearCrossEntropyTest, NoTokensGiveZeroLossAndGradients) {
     ASSERT_EQ(h.d_weight.Get(i), 0.0);
   for (int64_t i = 0; i < h.d_bias.numel(); ++i)
     ASSERT_EQ(h.d_bias.Get(i), 0.0);
+  // accumulate adds the zero gradient: d_weight and d_bias keep their values.
+  for (int64_t i = 0; i < h.d_weight.numel(); ++i)
+    h.d_weight.Set(i, 0.25 * static_cast<double>(i % 7) - 0.5);
+  for (int64_t i = 0; i < h.d_bias.numel(); ++i)
+    h.d_bias.Set(i, 0.125 * static_cast<double>(i % 5));
+  ASSERT_OK(Upload(h.context(), h.d_weight));
+  ASSERT_OK(Upload(h.context(), h.d_bias));
+  LinearCrossEntropyGradients accumulating = h.gradients;
+  accumulating.accumulate = true;
+  ASSERT_OK(LinearCrossEntropyForwardBackward(h.context(), h.inputs, h.options,
+                                              h.loss.view, &h.lse.view,
+                                              accumulating));
+  ASSERT_OK(h.DownloadOutputs());
+  for (int64_t i = 0; i < h.d_weight.numel(); ++i)
+    ASSERT_EQ(h.d_weight.Get(i), 0.25 * static_cast<double>(i % 7) - 0.5);
+  for (int64_t i = 0; i < h.d_bias.numel(); ++i)
+    ASSERT_EQ(h.d_bias.Get(i), 0.125 * static_cast<double>(i % 5));
 }
 
 TEST_P(LinearCrossEntropyTest, AllIgnoredGivesZeroLossAndGradients) {
@@ -1618,6 +1696,12 @@ TEST_P(LinearCrossEntropyTest, BadInputsAreRejectedAndWriteNothing) {
        [](auto& in, auto&, auto&, auto&) { in.bias.reset(); }},
       {"d_weight dtype",
        [](auto&, auto&, auto& g, auto&) { g.d_weight.dtype = DType::kF16; }},
+      {"accumulate into a 16-bit d_weight",
+       [](auto& in, auto&, auto& g, auto&) {
+         g.accumulate = true;
+         g.d_weight.dtype = in.weight.dtype;
+       }},
+
       {"d_hidden shape",
        [](auto&, auto&, auto& g, auto&) { g.d_hidden.shape[0] += 1; }},
       {"loss shape", [](auto&, auto&, auto&, auto& loss) { loss.shape = {2}; }},
