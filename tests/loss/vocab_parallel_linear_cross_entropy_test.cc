@@ -896,6 +896,33 @@ INSTANTIATE_TEST_SUITE_P(Devices, VocabParallelBadInput,
                          testing::Values(Device::Cpu(), Device::Cuda(0)),
                          test::DeviceName);
 
+// accumulate (LinearCrossEntropyGradients) is the single-device op's only:
+// refused with nothing written.
+TEST(VocabParallelAccumulate, Rejected) {
+  Scenario s;
+  std::mt19937_64 rng(test::TestSeed());
+  Data d = MakeData(s, DType::kF32, rng);
+  Outputs o = MakeOutputs(s, DType::kF32, 1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
+                       Context::Create(Device::Cpu()));
+  ASSERT_OK_AND_ASSIGN(auto comms,
+                       test::InProcessCommunicators(Device::Cpu(), 1));
+  VocabShard shard{comms[0].get(), 0, s.v};
+  LinearCrossEntropyInputs in{d.hidden.View(), d.weight.View(), std::nullopt,
+                              d.targets.View()};
+  LinearCrossEntropyGradients g{o.d_hidden[0].View(), o.d_weight.View(),
+                                std::nullopt};
+  g.accumulate = true;
+  const Tensor lse = o.lse.View();
+  const absl::Status status = VocabParallelLinearCrossEntropyForwardBackward(
+      *context, shard, in, LinearCrossEntropyOptions(), o.loss.View(), &lse, g);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(o.loss.Poisoned());
+  EXPECT_TRUE(o.lse.Poisoned());
+  EXPECT_TRUE(o.d_hidden[0].Poisoned());
+  EXPECT_TRUE(o.d_weight.Poisoned());
+}
+
 TEST(VocabParallelNullCommunicator, Rejected) {
   Scenario s;
   std::mt19937_64 rng(test::TestSeed());
