@@ -14,22 +14,16 @@
 // on a few rows, and checks that a second run gives the same bits. Run on a
 // GPU machine (libcudnn on LD_LIBRARY_PATH, as for the staged binaries):
 //   tools/cudnn_gelu_probe [rows width hidden]
+// The frontend's JSON serialization is not needed: the header compiles faster.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
-// As in graph/ops/attention_cudnn.cc: the frontend's sm100 RMSNorm+SiLU
-// engine references NVRTC, which matmul graphs never reach; weak references
-// keep libnvrtc out of the link.
-#include <nvrtc.h>
-#pragma weak nvrtcCreateProgram
-#pragma weak nvrtcCompileProgram
-#pragma weak nvrtcGetProgramLogSize
-#pragma weak nvrtcGetProgramLog
-#pragma weak nvrtcDestroyProgram
-#pragma weak nvrtcGetCUBINSize
-#pragma weak nvrtcGetCUBIN
-
+// The weak NVRTC references go before the frontend.
+// clang-format off
+#include "third_party/cudnn_frontend_weak_nvrtc.h"
 #include <cudnn_frontend.h>
+// clang-format on
 
 #include <algorithm>
 #include <cmath>

@@ -13,20 +13,11 @@
 #define CUDNN_FRONTEND_SKIP_JSON_LIB
 #include <cuda_runtime.h>
 #include <cudnn.h>
-// The frontend's experimental sm100 RMSNorm+SiLU engine compiles kernels with
-// NVRTC, which its graphs reference although SDPA graphs never reach it: weak
-// references keep libnvrtc out of the link (they resolve to null; any
-// libnvrtc in the link would take precedence).
-#include <nvrtc.h>
-#pragma weak nvrtcCreateProgram
-#pragma weak nvrtcCompileProgram
-#pragma weak nvrtcGetProgramLogSize
-#pragma weak nvrtcGetProgramLog
-#pragma weak nvrtcDestroyProgram
-#pragma weak nvrtcGetCUBINSize
-#pragma weak nvrtcGetCUBIN
-
+// The weak NVRTC references go before the frontend.
+// clang-format off
+#include "third_party/cudnn_frontend_weak_nvrtc.h"
 #include <cudnn_frontend.h>
+// clang-format on
 
 #include <array>
 #include <cmath>
