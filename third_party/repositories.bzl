@@ -232,8 +232,9 @@ package(default_visibility = ["//visibility:public"])
 
 # The header-only cuDNN frontend (its headers as system headers: no warnings from them) and
 # cuDNN itself, dynamic like cuBLAS (libcudnn.so.9 loads its engine libraries on demand);
-# defines LOSSRT_WITH_CUDNN for dependents. Depend on it only from the one file that includes
-# the frontend (graph/ops/attention_cudnn.cc): its headers take long to compile.
+# defines LOSSRT_WITH_CUDNN for dependents. Depend on it only from the files that include the
+# frontend (graph/ops/cudnn_common.h's two users, and tools' probes): its headers take long to
+# compile.
 cc_library(
     name = "cudnn_frontend",
     hdrs = glob(["frontend/include/**/*.h", "frontend/include/**/*.hpp"]),

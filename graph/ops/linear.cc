@@ -5,6 +5,7 @@
 #include <Eigen/Core>
 
 #include "graph/ops/activation.h"
+#include "graph/ops/linear_cudnn.h"
 #include "graph/ops/op_checks.h"
 #include "runtime/status.h"
 #include "runtime/tensor_checks.h"
@@ -316,9 +317,15 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
 #endif
 }
 
+absl::Status GeluGemmEngineBuilt(GeluGemmEngine engine) {
+  return engine == GeluGemmEngine::kCudnn ? linear_cudnn::CheckBuiltWithCudnn()
+                                          : absl::OkStatus();
+}
+
 absl::Status LinearGeluForward(Context& context, const Tensor& x,
                                const Tensor& weight, const Tensor* bias,
-                               const Tensor& a, const Tensor& h) {
+                               const Tensor& a, const Tensor& h,
+                               GeluGemmEngine engine) {
   ASSIGN_OR_RETURN(const Sizes s, CheckOperands(context, x, weight, bias));
   RETURN_IF_ERROR(
       CheckTensor(context, a, {s.rows, s.out}, {x.dtype}, "linear-gelu a"));
@@ -329,9 +336,31 @@ absl::Status LinearGeluForward(Context& context, const Tensor& x,
       {{&x, "x"}, {&weight, "weight"}, {bias, "bias"}, {&h, "h"}}));
   RETURN_IF_ERROR(CheckDisjoint(
       {&h, "linear-gelu h"}, {{&x, "x"}, {&weight, "weight"}, {bias, "bias"}}));
+  const bool cuda = context.device().is_cuda();
+  if (cuda && engine == GeluGemmEngine::kCudnn) {
+    RETURN_IF_ERROR(linear_cudnn::CheckBuiltWithCudnn());
+    if (x.dtype != DType::kBF16) {
+      return absl::UnimplementedError(
+          "linear-gelu: the cuDNN engine takes bf16 only");
+    }
+  }
   if (s.rows == 0 || s.out == 0) return absl::OkStatus();
 #ifdef LOSSRT_WITH_CUDA
-  if (context.device().is_cuda() && s.out % 8 == 0) {
+  if (cuda && engine != GeluGemmEngine::kCublasLt &&
+      x.dtype == DType::kBF16 && linear_cudnn::CheckBuiltWithCudnn().ok()) {
+    ASSIGN_OR_RETURN(ScopedDevice scoped,
+                     ScopedDevice::Enter(context.device().ordinal));
+    const linear_cudnn::GeluForwardShape shape{s.rows, s.in, s.out,
+                                               bias != nullptr};
+    const absl::Status fused = linear_cudnn::GeluForward(
+        context, shape, x.data, weight.data,
+        bias != nullptr ? bias->data : nullptr, a.data, h.data);
+    // kAuto falls back where cuDNN has no plan for the shape.
+    if (engine == GeluGemmEngine::kCudnn || !absl::IsUnimplemented(fused)) {
+      return fused;
+    }
+  }
+  if (cuda && s.out % 8 == 0) {
     ASSIGN_OR_RETURN(ScopedDevice scoped,
                      ScopedDevice::Enter(context.device().ordinal));
     ASSIGN_OR_RETURN(cudaStream_t stream, CudaStreamOf(context));

@@ -1,6 +1,6 @@
 // Linear layer: y = x w^T + b, the PyTorch nn.Linear convention, through
 // cuBLASLt on a GPU (the bias added in the GEMM's epilogue, plans cached in the
-// context) and Eigen on the CPU.
+// context; the GELU MLP's first GEMM also through cuDNN) and Eigen on the CPU.
 //
 //   // x [rows, in], weight [out, in], bias [out], y [rows, out]
 //   RETURN_IF_ERROR(lossrt::ops::LinearForward(context, x, weight, &bias, y));
@@ -45,16 +45,30 @@ absl::Status LinearBackward(Context& context, const Tensor& x,
                             const Tensor& d_weight, const Tensor* d_bias);
 
 // The GELU MLP's two GEMMs with the GELU (tanh approximation, as in
-// graph/ops/activation.h) fused into them: cuBLASLt's GELU_AUX and DGELU
-// epilogues on a GPU (the ops composed, where cuBLASLt has no algorithm, and
-// on the CPU).
+// graph/ops/activation.h) fused into them: on a GPU, the forward as one cuDNN
+// graph (bf16) or with cuBLASLt's GELU_AUX epilogue, the backward with
+// cuBLASLt's DGELU epilogue (the ops composed where neither library has an
+// algorithm, and on the CPU).
 //
+// Which library runs the forward's fused GEMM on a GPU. kAuto: cuDNN's graph
+// where it has a plan without workspace for the shape (bf16, built with
+// cuDNN), else cuBLASLt's epilogue, else the ops composed. kCudnn: cuDNN or
+// Unimplemented (nothing written). kCublasLt: never cuDNN. The CPU ignores it.
+// Each engine gives the same bits on every run; the engines differ from each
+// other by rounding.
+enum class GeluGemmEngine { kAuto, kCublasLt, kCudnn };
+
+// OK where this build has `engine` (kCudnn: cuDNN and its frontend were found
+// at build time); otherwise Unimplemented, saying why.
+absl::Status GeluGemmEngineBuilt(GeluGemmEngine engine);
+
 // h [rows, out] = x [rows, in] @ weight [out, in]^T (+ bias [out]), the GELU's
 // input, saved for the backward, and a [rows, out] = gelu(h). a and h must not
 // overlap each other or the inputs.
 absl::Status LinearGeluForward(Context& context, const Tensor& x,
                                const Tensor& weight, const Tensor* bias,
-                               const Tensor& a, const Tensor& h);
+                               const Tensor& a, const Tensor& h,
+                               GeluGemmEngine engine = GeluGemmEngine::kAuto);
 
 // The gradient of h through a = gelu(h) and the linear layer y = a weight^T
 // that follows: d_h [rows, in] = (dy [rows, out] @ weight [out, in]) *

@@ -363,6 +363,149 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearGeluTest,
                                            GeluCase{128, 768, 3072, 768,
                                                     true}));
 
+// On a GPU in bf16, each engine of LinearGeluForward against the double
+// reference, run to run, and tuned against untuned: a context whose GEMM
+// tuning is off runs cuDNN's first plan, a tuning one the fastest plan that
+// writes the same bits, so the two must agree bitwise. kAuto must give what
+// kCudnn gives where cuDNN has a plan (which it must for GPT-2 small's MLP).
+TEST(LinearGeluGpuTest, EnginesMatchReferenceAndRepeatBitwise) {
+  SKIP_WITHOUT_GPU();
+  const absl::Status cudnn_built =
+      ops::GeluGemmEngineBuilt(ops::GeluGemmEngine::kCudnn);
+  if (!cudnn_built.ok()) {
+    GTEST_SKIP() << "no cuDNN engine to compare: " << cudnn_built.message();
+  }
+  const uint64_t seed = test::TestSeed();
+  const DType dtype = DType::kBF16;
+  for (const GeluCase c : {GeluCase{128, 768, 3072, 0, true},
+                           GeluCase{256, 768, 3072, 0, false},
+                           GeluCase{64, 64, 96, 0, true},
+                           GeluCase{37, 24, 40, 0, true}}) {
+    SCOPED_TRACE(testing::Message() << c.rows << "x" << c.in << "x" << c.hidden
+                                    << (c.bias ? " bias" : ""));
+    const std::vector<double> x =
+        test::Rounded(dtype, RandomValues(c.rows * c.in, seed, -2, 2));
+    const std::vector<double> w =
+        test::Rounded(dtype, RandomValues(c.hidden * c.in, seed + 1, -1, 1));
+    const std::vector<double> b =
+        test::Rounded(dtype, RandomValues(c.hidden, seed + 2, -1, 1));
+    std::vector<double> h_ref(c.rows * c.hidden), a_ref(c.rows * c.hidden);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int64_t o = 0; o < c.hidden; ++o) {
+        double sum = c.bias ? b[o] : 0.0;
+        for (int64_t i = 0; i < c.in; ++i)
+          sum += x[r * c.in + i] * w[o * c.in + i];
+        h_ref[r * c.hidden + o] = sum;
+        a_ref[r * c.hidden + o] = Gelu(sum);
+      }
+    }
+    struct Outputs {
+      absl::Status status;
+      std::vector<double> a, h;
+    };
+    // One call (or `calls` calls on one context) of `engine`; the outputs of
+    // the last.
+    auto run = [&](ops::GeluGemmEngine engine, bool tuning,
+                   int calls) -> Outputs {
+      Outputs out;
+      std::unique_ptr<Context> context =
+          test::MakeContext(Device::Cuda(0));
+      if (context == nullptr) {
+        out.status = absl::InternalError("no CUDA context");
+        return out;
+      }
+      out.status = context->set_gemm_tuning(tuning);
+      if (!out.status.ok()) return out;
+      auto tx = FromHost(*context, dtype, {c.rows, c.in}, x);
+      auto tw = FromHost(*context, dtype, {c.hidden, c.in}, w);
+      auto tb = FromHost(*context, dtype, {c.hidden}, b);
+      auto ta = PoisonedTensor(*context, dtype, {c.rows, c.hidden});
+      auto th = PoisonedTensor(*context, dtype, {c.rows, c.hidden});
+      for (const absl::Status& status :
+           {tx.status(), tw.status(), tb.status(), ta.status(), th.status()}) {
+        if (!status.ok()) {
+          out.status = status;
+          return out;
+        }
+      }
+      for (int call = 0; call < calls && out.status.ok(); ++call) {
+        out.status = ops::LinearGeluForward(
+            *context, tx->view, tw->view, c.bias ? &tb->view : nullptr,
+            ta->view, th->view, engine);
+      }
+      if (!out.status.ok()) {
+        // Nothing written on refusal.
+        auto poisoned = test::CountPoison(*context, ta->view);
+        EXPECT_TRUE(poisoned.ok() && *poisoned == ta->view.numel());
+        return out;
+      }
+      auto a = ToHost(*context, ta->view);
+      auto h = ToHost(*context, th->view);
+      if (!a.ok() || !h.ok()) {
+        out.status = a.ok() ? h.status() : a.status();
+        return out;
+      }
+      out.a = *std::move(a);
+      out.h = *std::move(h);
+      return out;
+    };
+    const double tol = 2e-2;
+    const double scale = std::sqrt(static_cast<double>(c.in));
+    const Outputs cublaslt = run(ops::GeluGemmEngine::kCublasLt, true, 1);
+    ASSERT_OK(cublaslt.status);
+    EXPECT_TRUE(AllClose(cublaslt.h, h_ref, tol * scale, tol));
+    EXPECT_TRUE(AllClose(cublaslt.a, a_ref, tol * scale, tol));
+    const Outputs untuned = run(ops::GeluGemmEngine::kCudnn, false, 1);
+    const Outputs auto_engine = run(ops::GeluGemmEngine::kAuto, true, 1);
+    ASSERT_OK(auto_engine.status);
+    if (absl::IsUnimplemented(untuned.status)) {
+      // No cuDNN plan for the shape: kAuto is cuBLASLt's, bit for bit.
+      EXPECT_NE(c.in, 768) << untuned.status;
+      EXPECT_EQ(auto_engine.h, cublaslt.h);
+      EXPECT_EQ(auto_engine.a, cublaslt.a);
+      continue;
+    }
+    ASSERT_OK(untuned.status);
+    EXPECT_TRUE(AllClose(untuned.h, h_ref, tol * scale, tol));
+    EXPECT_TRUE(AllClose(untuned.a, a_ref, tol * scale, tol));
+    // Tuned on the first call, the chosen plan on the second and third.
+    const Outputs tuned = run(ops::GeluGemmEngine::kCudnn, true, 3);
+    ASSERT_OK(tuned.status);
+    EXPECT_EQ(tuned.h, untuned.h);
+    EXPECT_EQ(tuned.a, untuned.a);
+    const Outputs first_tuned = run(ops::GeluGemmEngine::kCudnn, true, 1);
+    ASSERT_OK(first_tuned.status);
+    EXPECT_EQ(first_tuned.h, untuned.h);
+    EXPECT_EQ(first_tuned.a, untuned.a);
+    EXPECT_EQ(auto_engine.h, untuned.h);
+    EXPECT_EQ(auto_engine.a, untuned.a);
+  }
+}
+
+// The cuDNN engine takes bf16 only: f32 on a GPU is refused, nothing written.
+TEST(LinearGeluGpuTest, CudnnEngineRefusesF32) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Context> context = test::MakeContext(Device::Cuda(0));
+  ASSERT_NE(context, nullptr);
+  ASSERT_OK_AND_ASSIGN(OwnedTensor x,
+                       FromHost(*context, DType::kF32, {4, 8},
+                                RandomValues(32, test::TestSeed(), -1, 1)));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor w,
+                       FromHost(*context, DType::kF32, {16, 8},
+                                RandomValues(128, test::TestSeed() + 1, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor a,
+                       PoisonedTensor(*context, DType::kF32, {4, 16}));
+  ASSERT_OK_AND_ASSIGN(OwnedTensor h,
+                       PoisonedTensor(*context, DType::kF32, {4, 16}));
+  EXPECT_TRUE(absl::IsUnimplemented(
+      ops::LinearGeluForward(*context, x.view, w.view, nullptr, a.view, h.view,
+                             ops::GeluGemmEngine::kCudnn)));
+  ASSERT_OK_AND_ASSIGN(int64_t poisoned_a, test::CountPoison(*context, a.view));
+  ASSERT_OK_AND_ASSIGN(int64_t poisoned_h, test::CountPoison(*context, h.view));
+  EXPECT_EQ(poisoned_a, a.view.numel());
+  EXPECT_EQ(poisoned_h, h.view.numel());
+}
+
 TEST(LinearTest, RejectsBadArguments) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Context> context,
                        Context::Create(Device::Cpu()));
