@@ -59,9 +59,8 @@ struct BuiltGraph {
 
 // A [1, rows, cols] bf16 tensor with the given strides of rows and columns.
 std::shared_ptr<fe::graph::Tensor_attributes> Matrix(fe::graph::Graph& graph,
-                                                     const char* name,
-                                                     Uid uid, int64_t rows,
-                                                     int64_t cols,
+                                                     const char* name, Uid uid,
+                                                     int64_t rows, int64_t cols,
                                                      int64_t row_stride,
                                                      int64_t col_stride) {
   return graph.tensor(fe::graph::Tensor_attributes()
@@ -79,12 +78,12 @@ std::shared_ptr<fe::graph::Graph> DescribeGraph(const Key& key) {
       .set_compute_data_type(fe::DataType_t::FLOAT);
   // x [rows, in]; weight [out, in] row-major read as the [in, out] operand.
   auto x = Matrix(*graph, "x", kX, key.rows, key.in, key.in, 1);
-  auto weight_t = Matrix(*graph, "weight_t", kWeight, key.in, key.out, 1,
-                         key.in);
-  auto product = graph->matmul(
-      x, weight_t,
-      fe::graph::Matmul_attributes().set_compute_data_type(
-          fe::DataType_t::FLOAT));
+  auto weight_t =
+      Matrix(*graph, "weight_t", kWeight, key.in, key.out, 1, key.in);
+  auto product =
+      graph->matmul(x, weight_t,
+                    fe::graph::Matmul_attributes().set_compute_data_type(
+                        fe::DataType_t::FLOAT));
   std::shared_ptr<fe::graph::Tensor_attributes> h = product;
   if (key.bias) {
     auto bias = Matrix(*graph, "bias", kBias, 1, key.out, key.out, 1);
@@ -188,8 +187,7 @@ class LinearCudnnState final : public ContextResource {
         return Tune(*built, key, sorted_pointers, count, a, h, stream);
       }
     }
-    return Execute(*built, built->plans[built->chosen], sorted_pointers,
-                   count);
+    return Execute(*built, built->plans[built->chosen], sorted_pointers, count);
   }
 
  private:

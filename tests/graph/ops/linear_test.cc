@@ -377,10 +377,9 @@ TEST(LinearGeluGpuTest, EnginesMatchReferenceAndRepeatBitwise) {
   }
   const uint64_t seed = test::TestSeed();
   const DType dtype = DType::kBF16;
-  for (const GeluCase c : {GeluCase{128, 768, 3072, 0, true},
-                           GeluCase{256, 768, 3072, 0, false},
-                           GeluCase{64, 64, 96, 0, true},
-                           GeluCase{37, 24, 40, 0, true}}) {
+  for (const GeluCase c :
+       {GeluCase{128, 768, 3072, 0, true}, GeluCase{256, 768, 3072, 0, false},
+        GeluCase{64, 64, 96, 0, true}, GeluCase{37, 24, 40, 0, true}}) {
     SCOPED_TRACE(testing::Message() << c.rows << "x" << c.in << "x" << c.hidden
                                     << (c.bias ? " bias" : ""));
     const std::vector<double> x =
@@ -408,8 +407,7 @@ TEST(LinearGeluGpuTest, EnginesMatchReferenceAndRepeatBitwise) {
     auto run = [&](ops::GeluGemmEngine engine, bool tuning,
                    int calls) -> Outputs {
       Outputs out;
-      std::unique_ptr<Context> context =
-          test::MakeContext(Device::Cuda(0));
+      std::unique_ptr<Context> context = test::MakeContext(Device::Cuda(0));
       if (context == nullptr) {
         out.status = absl::InternalError("no CUDA context");
         return out;
@@ -429,9 +427,9 @@ TEST(LinearGeluGpuTest, EnginesMatchReferenceAndRepeatBitwise) {
         }
       }
       for (int call = 0; call < calls && out.status.ok(); ++call) {
-        out.status = ops::LinearGeluForward(
-            *context, tx->view, tw->view, c.bias ? &tb->view : nullptr,
-            ta->view, th->view, engine);
+        out.status = ops::LinearGeluForward(*context, tx->view, tw->view,
+                                            c.bias ? &tb->view : nullptr,
+                                            ta->view, th->view, engine);
       }
       if (!out.status.ok()) {
         // Nothing written on refusal.
@@ -490,9 +488,9 @@ TEST(LinearGeluGpuTest, CudnnEngineRefusesF32) {
   ASSERT_OK_AND_ASSIGN(OwnedTensor x,
                        FromHost(*context, DType::kF32, {4, 8},
                                 RandomValues(32, test::TestSeed(), -1, 1)));
-  ASSERT_OK_AND_ASSIGN(OwnedTensor w,
-                       FromHost(*context, DType::kF32, {16, 8},
-                                RandomValues(128, test::TestSeed() + 1, -1, 1)));
+  ASSERT_OK_AND_ASSIGN(
+      OwnedTensor w, FromHost(*context, DType::kF32, {16, 8},
+                              RandomValues(128, test::TestSeed() + 1, -1, 1)));
   ASSERT_OK_AND_ASSIGN(OwnedTensor a,
                        PoisonedTensor(*context, DType::kF32, {4, 16}));
   ASSERT_OK_AND_ASSIGN(OwnedTensor h,
