@@ -8,8 +8,6 @@
 
 #ifdef LOSSRT_WITH_CUDNN
 
-#include "graph/ops/cudnn_common.h"
-
 #include <array>
 #include <cmath>
 #include <exception>
@@ -22,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/ops/cudnn_common.h"
 #include "runtime/cuda_context.h"
 #include "runtime/cuda_gemm.h"
 #include "runtime/cuda_status.h"

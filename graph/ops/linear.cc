@@ -346,8 +346,8 @@ absl::Status LinearGeluForward(Context& context, const Tensor& x,
   }
   if (s.rows == 0 || s.out == 0) return absl::OkStatus();
 #ifdef LOSSRT_WITH_CUDA
-  if (cuda && engine != GeluGemmEngine::kCublasLt &&
-      x.dtype == DType::kBF16 && linear_cudnn::CheckBuiltWithCudnn().ok()) {
+  if (cuda && engine != GeluGemmEngine::kCublasLt && x.dtype == DType::kBF16 &&
+      linear_cudnn::CheckBuiltWithCudnn().ok()) {
     ASSIGN_OR_RETURN(ScopedDevice scoped,
                      ScopedDevice::Enter(context.device().ordinal));
     const linear_cudnn::GeluForwardShape shape{s.rows, s.in, s.out,

@@ -273,6 +273,25 @@ double GeluDerivative(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
 }
 
+// h = x w^T (+ b) and a = gelu(h) in double: x [rows, in], w [hidden, in].
+void GeluForwardReference(const GeluCase& c, const std::vector<double>& x,
+                          const std::vector<double>& w,
+                          const std::vector<double>& b,
+                          std::vector<double>* h_ref,
+                          std::vector<double>* a_ref) {
+  h_ref->assign(c.rows * c.hidden, 0.0);
+  a_ref->assign(c.rows * c.hidden, 0.0);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t o = 0; o < c.hidden; ++o) {
+      double sum = c.bias ? b[o] : 0.0;
+      for (int64_t i = 0; i < c.in; ++i)
+        sum += x[r * c.in + i] * w[o * c.in + i];
+      (*h_ref)[r * c.hidden + o] = sum;
+      (*a_ref)[r * c.hidden + o] = Gelu(sum);
+    }
+  }
+}
+
 class LinearGeluTest : public ::testing::TestWithParam<GeluCase> {};
 
 TEST_P(LinearGeluTest, MatchesReference) {
@@ -297,16 +316,8 @@ TEST_P(LinearGeluTest, MatchesReference) {
     const std::vector<double> h_in =
         test::Rounded(dtype, RandomValues(c.rows * c.hidden, seed + 5, -3, 3));
     // Forward reference: h = x w1^T + b1, a = gelu(h).
-    std::vector<double> h_ref(c.rows * c.hidden), a_ref(c.rows * c.hidden);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      for (int64_t o = 0; o < c.hidden; ++o) {
-        double sum = c.bias ? b1[o] : 0.0;
-        for (int64_t i = 0; i < c.in; ++i)
-          sum += x[r * c.in + i] * w1[o * c.in + i];
-        h_ref[r * c.hidden + o] = sum;
-        a_ref[r * c.hidden + o] = Gelu(sum);
-      }
-    }
+    std::vector<double> h_ref, a_ref;
+    GeluForwardReference(c, x, w1, b1, &h_ref, &a_ref);
     // Backward reference from the given h: d_h = (dy w2) * gelu'(h).
     std::vector<double> dh_ref(c.rows * c.hidden);
     for (int64_t r = 0; r < c.rows; ++r) {
@@ -388,16 +399,8 @@ TEST(LinearGeluGpuTest, EnginesMatchReferenceAndRepeatBitwise) {
         test::Rounded(dtype, RandomValues(c.hidden * c.in, seed + 1, -1, 1));
     const std::vector<double> b =
         test::Rounded(dtype, RandomValues(c.hidden, seed + 2, -1, 1));
-    std::vector<double> h_ref(c.rows * c.hidden), a_ref(c.rows * c.hidden);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      for (int64_t o = 0; o < c.hidden; ++o) {
-        double sum = c.bias ? b[o] : 0.0;
-        for (int64_t i = 0; i < c.in; ++i)
-          sum += x[r * c.in + i] * w[o * c.in + i];
-        h_ref[r * c.hidden + o] = sum;
-        a_ref[r * c.hidden + o] = Gelu(sum);
-      }
-    }
+    std::vector<double> h_ref, a_ref;
+    GeluForwardReference(c, x, w, b, &h_ref, &a_ref);
     struct Outputs {
       absl::Status status;
       std::vector<double> a, h;
