@@ -220,14 +220,26 @@ __global__ void __launch_bounds__(kBlockThreads)
 // Up to 768 columns (kCpl 3) the registers are capped for four blocks an SM
 // (16 warps rather than 12): the kernel waits on memory, and more warps hide
 // it (wider rows would spill).
-template <typename T, int kCpl, bool kRms>
+//
+// Each warp keeps its rows' x and dy as raw 16-bit or f32 words, not floats,
+// and loads the next row's while it reduces and stores the current one: with
+// a row held as floats and no prefetch, a warp had nothing in flight between
+// its loads, and the SMs' 16 warps left the memory system half idle. xhat and
+// dy * gamma are recomputed from the raw words for dx (the same operations,
+// so the same values as in the sums). Wider rows (f32 past 256 columns, 16-bit
+// past 768, or 512 when dx accumulates) have no registers for a second row
+// (it would spill) and load each row as they reach it. kAccumulate: dx += the
+// gradient (a template argument, so that the common case holds no registers
+// for the old dx).
+template <typename T, int kCpl, bool kRms, bool kAccumulate>
 __global__ void __launch_bounds__(kBackwardWarps* kWarpSize, kCpl <= 3 ? 4 : 1)
     BackwardWarpKernel(const T* __restrict__ x, const T* __restrict__ gamma,
                        const float* __restrict__ mean,
                        const float* __restrict__ rstd, const T* __restrict__ dy,
                        int64_t rows, int cols, T* __restrict__ dx,
-                       bool accumulate_dx, float* __restrict__ partial_gamma,
+                       float* __restrict__ partial_gamma,
                        float* __restrict__ partial_beta) {
+  constexpr bool kPrefetch = sizeof(T) * kCpl * (kAccumulate ? 3 : 2) <= 12;
   // [2, cols]: this block's d_gamma, then d_beta, partial row.
   extern __shared__ float block_partials[];
   const int lane = threadIdx.x % kWarpSize;
@@ -237,44 +249,70 @@ __global__ void __launch_bounds__(kBackwardWarps* kWarpSize, kCpl <= 3 ? 4 : 1)
   const float inv_cols = 1.0f / static_cast<float>(cols);
   // A fixed assignment of rows to warps for a given grid, so the partial
   // sums, and the results, are reproducible run to run.
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp;
-       row < rows; row += static_cast<int64_t>(gridDim.x) * kBackwardWarps) {
-    float xhat[kCpl][kChunk];
-    float grad[kCpl][kChunk];
-    // The gradient to add to, loaded with x and dy (raw, to save registers)
-    // rather than after the reductions: one memory round trip per row, not
-    // two.
-    RawChunk<T> old_raw[kCpl];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBackwardWarps;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp;
+  RawChunk<T> x_raw[kCpl];
+  RawChunk<T> dy_raw[kCpl];
+  float mu = 0.0f;
+  float rs = 0.0f;
+  // Row r's x, dy and statistics (the statistics too, so that no load of
+  // the current row waits behind the reductions).
+  const auto load_row = [&](int64_t r, RawChunk<T>(&x_to)[kCpl],
+                            RawChunk<T>(&dy_to)[kCpl], float& mu_to,
+                            float& rs_to) {
+    mu_to = kRms ? 0.0f : mean[r];
+    rs_to = rstd[r];
 #pragma unroll
     for (int p = 0; p < kCpl; ++p) {
       const int c = (lane + p * kWarpSize) * kChunk;
       if (c < cols) {
-        LoadVec(x + row * cols + c, xhat[p]);
-        LoadVec(dy + row * cols + c, grad[p]);
-        if (accumulate_dx) LoadRaw(dx + row * cols + c, old_raw[p]);
+        LoadRaw(x + r * cols + c, x_to[p]);
+        LoadRaw(dy + r * cols + c, dy_to[p]);
       }
     }
-    const float mu = kRms ? 0.0f : mean[row];
-    const float rs = rstd[row];
+  };
+  if (kPrefetch && row < rows) load_row(row, x_raw, dy_raw, mu, rs);
+  for (; row < rows; row += stride) {
+    const int64_t next = row + stride;
+    RawChunk<T> x_next[kCpl];
+    RawChunk<T> dy_next[kCpl];
+    float mu_next = 0.0f;
+    float rs_next = 0.0f;
+    if (!kPrefetch) {
+      load_row(row, x_raw, dy_raw, mu, rs);
+    } else if (next < rows) {
+      load_row(next, x_next, dy_next, mu_next, rs_next);
+    }
+    // The gradient to add to, loaded before the reductions so that its
+    // latency hides behind them.
+    RawChunk<T> old_raw[kCpl];
+    if (kAccumulate) {
+#pragma unroll
+      for (int p = 0; p < kCpl; ++p) {
+        const int c = (lane + p * kWarpSize) * kChunk;
+        if (c < cols) LoadRaw(dx + row * cols + c, old_raw[p]);
+      }
+    }
     float sum_g = 0.0f;
     float sum_gx = 0.0f;
 #pragma unroll
     for (int p = 0; p < kCpl; ++p) {
       const int c = (lane + p * kWarpSize) * kChunk;
       if (c < cols) {
+        float xv[kChunk];
+        float d[kChunk];
         float gm[kChunk];
+        RawToFloats(x_raw[p], xv);
+        RawToFloats(dy_raw[p], d);
         LoadVec(gamma + c, gm);  // 2-3 KB, stays in L1 across rows
 #pragma unroll
         for (int k = 0; k < kChunk; ++k) {
-          const float d = grad[p][k];
-          const float xh = (xhat[p][k] - mu) * rs;
-          part_gamma[p][k] += d * xh;
-          if (!kRms) part_beta[p][k] += d;
-          const float g = d * gm[k];
+          const float xh = (xv[k] - mu) * rs;
+          part_gamma[p][k] += d[k] * xh;
+          if (!kRms) part_beta[p][k] += d[k];
+          const float g = d[k] * gm[k];
           sum_g += g;
           sum_gx += g * xh;
-          xhat[p][k] = xh;
-          grad[p][k] = g;
         }
       }
     }
@@ -284,16 +322,32 @@ __global__ void __launch_bounds__(kBackwardWarps* kWarpSize, kCpl <= 3 ? 4 : 1)
     for (int p = 0; p < kCpl; ++p) {
       const int c = (lane + p * kWarpSize) * kChunk;
       if (c < cols) {
-        T* dx_at = dx + row * cols + c;
+        float xv[kChunk];
+        float d[kChunk];
+        float gm[kChunk];
+        RawToFloats(x_raw[p], xv);
+        RawToFloats(dy_raw[p], d);
+        LoadVec(gamma + c, gm);
         float old[kChunk] = {};
-        if (accumulate_dx) RawToFloats(old_raw[p], old);
+        if (kAccumulate) RawToFloats(old_raw[p], old);
         float out[kChunk];
 #pragma unroll
         for (int k = 0; k < kChunk; ++k) {
-          out[k] = old[k] + rs * (grad[p][k] - mean_g - xhat[p][k] * mean_gx);
+          const float xh = (xv[k] - mu) * rs;
+          const float g = d[k] * gm[k];
+          out[k] = old[k] + rs * (g - mean_g - xh * mean_gx);
         }
-        StoreVec(dx_at, out);
+        StoreVec(dx + row * cols + c, out);
       }
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int p = 0; p < kCpl; ++p) {
+        x_raw[p] = x_next[p];
+        dy_raw[p] = dy_next[p];
+      }
+      mu = mu_next;
+      rs = rs_next;
     }
   }
   // Combine the warps' partials in warp order (deterministic, no atomics).
@@ -383,13 +437,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // The second stage: out[c] += sum over b of partial[b, c] in a fixed order.
-// A 32 x 16 block takes 32 columns (coalesced rows of the partials); its
-// sixteen thread rows sum every sixteenth partial row, then thread row 0 adds
-// the sixteen. blockIdx.y picks d_gamma (0) or d_beta (1). There are few
-// blocks (cols / 32), so each thread keeps several loads in flight (the
-// unrolled loop issues them before the additions, which stay in order).
+// A 32 x 32 block takes 32 columns (coalesced rows of the partials); its
+// 32 thread rows sum every 32nd partial row, then thread row 0 adds the 32.
+// blockIdx.y picks d_gamma (0) or d_beta (1). There are few blocks (cols / 32),
+// so each thread keeps several loads in flight (the unrolled loop issues them
+// before the additions, which stay in order).
 constexpr int kSumColumns = 32;
-constexpr int kSumRows = 16;
+constexpr int kSumRows = 32;
 
 __global__ void __launch_bounds__(kSumColumns* kSumRows)
     ColumnSumKernel(const float* __restrict__ partial_gamma,
@@ -480,11 +534,13 @@ size_t BackwardSharedBytes(const NormBackwardArgs& args) {
 template <typename T, bool kRms>
 cudaError_t BackwardOccupancy(const NormBackwardArgs& args, int* per_sm) {
   const size_t shared_bytes = BackwardSharedBytes(args);
-#define LOSSRT_NORM_BACKWARD_OCCUPANCY(kCpl)                                   \
-  case kCpl:                                                                   \
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(                      \
-        per_sm, BackwardWarpKernel<T, kCpl, kRms>, kBackwardWarps * kWarpSize, \
-        shared_bytes);
+#define LOSSRT_NORM_BACKWARD_OCCUPANCY(kCpl)                           \
+  case kCpl:                                                           \
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(              \
+        per_sm,                                                        \
+        args.accumulate_dx ? BackwardWarpKernel<T, kCpl, kRms, true>   \
+                           : BackwardWarpKernel<T, kCpl, kRms, false>, \
+        kBackwardWarps * kWarpSize, shared_bytes);
   switch (BackwardChunksPerLane<T>(args)) {
     LOSSRT_NORM_BACKWARD_OCCUPANCY(1)
     LOSSRT_NORM_BACKWARD_OCCUPANCY(2)
@@ -512,12 +568,13 @@ cudaError_t Backward(const NormBackwardArgs& args, cudaStream_t stream) {
           ? args.partials + static_cast<int64_t>(args.blocks) * cols
           : nullptr;
   const size_t shared_bytes = BackwardSharedBytes(args);
-#define LOSSRT_NORM_BACKWARD_WARP(kCpl)                                      \
-  case kCpl:                                                                 \
-    BackwardWarpKernel<T, kCpl, kRms>                                        \
-        <<<args.blocks, kBackwardWarps * kWarpSize, shared_bytes, stream>>>( \
-            x, gamma, args.mean, args.rstd, dy, args.rows, cols, dx,         \
-            args.accumulate_dx, partial_gamma, partial_beta);                \
+#define LOSSRT_NORM_BACKWARD_WARP(kCpl)                                   \
+  case kCpl:                                                              \
+    (args.accumulate_dx ? BackwardWarpKernel<T, kCpl, kRms, true>         \
+                        : BackwardWarpKernel<T, kCpl, kRms, false>)<<<    \
+        args.blocks, kBackwardWarps * kWarpSize, shared_bytes, stream>>>( \
+        x, gamma, args.mean, args.rstd, dy, args.rows, cols, dx,          \
+        partial_gamma, partial_beta);                                     \
     break;
   switch (BackwardChunksPerLane<T>(args)) {
     LOSSRT_NORM_BACKWARD_WARP(1)

@@ -482,8 +482,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Warp path: GPT-2's width (3 chunks a lane), one chunk, the widest.
         GpuCase{67, 768, false, "Gpt2Width"}, GpuCase{33, 64, false, "Narrow"},
         GpuCase{9, 2048, false, "WidestWarp"},
-        // Many rows per backward warp (the persistent loop).
+        // Many rows per backward warp (the persistent loop, whose warps load
+        // the next row while they finish one), narrow and at GPT-2's width.
         GpuCase{3000, 96, false, "ManyRows"},
+        GpuCase{2501, 768, false, "ManyRowsGpt2Width"},
         // Block path: width not a multiple of 8, too wide, misaligned.
         GpuCase{20, 37, false, "OddWidth"}, GpuCase{5, 2056, false, "Wide"},
         GpuCase{40, 768, true, "Misaligned"}),
